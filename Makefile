@@ -1,0 +1,34 @@
+# `make demo` and `make test` each do the complete set-up on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# torch==2.13.0 is the CPU build on these machines; a looser pin pulls a multi-GB CUDA build.
+TORCH_PIN ?= torch==2.13.0
+JOBS ?= auto
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(VENV)/.ember-installed
+
+$(VENV)/.ember-installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: setup
+	$(PY) -m ember.cli demo
+
+test: setup lint
+	EMBER_STRICT=1 $(PY) -m pytest -n $(JOBS) tests
+
+lint: setup
+	$(VENV)/bin/ruff check ember tests benchmarks
+	$(VENV)/bin/ruff format --check ember tests benchmarks
+	$(VENV)/bin/mypy ember/uop ember/codegen ember/renderer
+
+bench: setup
+	$(PY) -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) ember_debug .pytest_cache

@@ -1,0 +1,115 @@
+"""Stage `codegen`, step 3: order a kernel's UOps into a flat program with explicit loops.
+
+Note: scopes and loop nests
+    Every UOp varies with a set of ranges (`UOp.ranges`); it is placed in the innermost
+    loop it needs and no deeper, so loop-invariant work is hoisted for free. A set of
+    ranges maps to one canonical loop stack: loop ranges by axis up to the deepest one
+    used, then, inside a reduction, the stack its accumulator lives in plus that
+    reduction's ranges. Stacks of a value's sources are prefixes of its own stack, so
+    emitting sources first and then the value only opens loops. When a later value needs
+    a loop closed (a reduction result read outside its loop), values defined inside it
+    die; if they are needed again they are recomputed in the new loop, which is correct
+    by construction and rare.
+"""
+
+from __future__ import annotations
+
+from ember.uop.dtypes import dtypes
+from ember.uop.ops import Ops, UOp
+
+
+def linearize(sink: UOp) -> list[UOp]:
+    return _Linearizer(sink).run()
+
+
+def _trivial(u: UOp) -> bool:
+    """Values the renderer writes inline, never as statements."""
+    return u.op in (Ops.CONST, Ops.BUFFER, Ops.RANGE)
+
+
+class _Linearizer:
+    """A list scheduler: of the UOps whose sources are done, it takes one that needs no loop
+    closed (the shallowest such), else the one that closes the fewest loops."""
+
+    def __init__(self, sink: UOp):
+        self.sink = sink
+        self.order = [u for u in sink.toposort if not _trivial(u) and u is not sink]
+        self.loops = sorted((u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce),
+                            key=lambda r: r.arg.axis)  # fmt: skip
+        self.reduce_parent: dict[UOp, tuple[UOp, list[UOp]]] = {}  # reduce range -> (DEFINE_ACC, group)
+        for u in self.order:
+            if u.op is Ops.ACC_UPDATE:
+                group = sorted(u.src[2:], key=lambda r: r.arg.axis)
+                for r in group:
+                    self.reduce_parent[r] = (u.src[0], group)
+        self.stacks = {u: self.canonical(u) for u in self.order}
+        self.program: list[UOp] = []
+        self.stack: list[UOp] = []
+        self.blocks: list[set[UOp]] = [set()]  # values defined at each depth
+        self.live: set[UOp] = set()
+
+    def canonical(self, u: UOp) -> list[UOp]:
+        """The loop stack `u` is placed in (Note: scopes and loop nests)."""
+        scope = u.ranges
+        reduce_ranges = [r for r in scope if r.arg.reduce]
+        if reduce_ranges:
+            acc, group = self.reduce_parent[reduce_ranges[0]]
+            deepest = max(r.arg.axis for r in reduce_ranges)
+            return self.canonical(acc) + [r for r in group if r.arg.axis <= deepest]
+        if not scope:
+            return []
+        deepest = max(r.arg.axis for r in scope)
+        return [r for r in self.loops if r.arg.axis <= deepest]
+
+    def run(self) -> list[UOp]:
+        position = {u: i for i, u in enumerate(self.order)}
+        waiting = {u: sum(1 for s in set(u.src) if not _trivial(s)) for u in self.order}
+        users: dict[UOp, list[UOp]] = {}
+        for u in self.order:
+            for s in set(u.src):
+                users.setdefault(s, []).append(u)
+        ready = [u for u in self.order if waiting[u] == 0]
+        while ready:
+            u = min(ready, key=lambda c: self.preference(c, position[c]))
+            ready.remove(u)
+            self.emit(u)
+            for user in users.get(u, []):
+                waiting[user] -= 1
+                if waiting[user] == 0:
+                    ready.append(user)
+        self.move_to([])
+        return self.program
+
+    def preference(self, u: UOp, position: int) -> tuple[int, int, int]:
+        target = self.stacks[u]
+        common = self.common_prefix(target)
+        closes = len(self.stack) - common
+        return (closes, len(target), position)
+
+    def common_prefix(self, target: list[UOp]) -> int:
+        keep = 0
+        while keep < min(len(self.stack), len(target)) and self.stack[keep] is target[keep]:
+            keep += 1
+        return keep
+
+    def emit(self, u: UOp) -> None:
+        """Place `u` in its loop stack; sources that died with a closed loop are recomputed."""
+        self.move_to(self.stacks[u])
+        for s in u.src:
+            if not _trivial(s) and s not in self.live:
+                self.emit(s)
+                self.move_to(self.stacks[u])
+        self.program.append(u)
+        self.live.add(u)
+        self.blocks[-1].add(u)
+
+    def move_to(self, target: list[UOp]) -> None:
+        keep = self.common_prefix(target)
+        while len(self.stack) > keep:
+            closed = self.stack.pop()
+            self.live -= self.blocks.pop()
+            self.program.append(UOp(Ops.ENDRANGE, dtypes.void, (closed,)))
+        for r in target[keep:]:
+            self.program.append(r)
+            self.stack.append(r)
+            self.blocks.append(set())

@@ -1,0 +1,101 @@
+"""Stage `codegen`, step 2: the kernel AST through named rewrite phases.
+
+    early     simplify index math (symbolic rules)
+    optimize  choose loop order from the store's strides
+    lower     REDUCE -> accumulator declared outside its loops, updated inside, read after
+
+Each phase is a PatternMatcher (or a small function over the whole AST when it needs a
+global view, like loop order).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from ember.uop.dtypes import DType
+from ember.uop.ops import AccArg, Ops, RangeArg, UOp, substitute
+from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from ember.uop.symbolic import pm_symbolic
+
+
+def full_rewrite(sink: UOp) -> UOp:
+    sink = graph_rewrite(sink, pm_symbolic)  # early
+    sink = order_loops(sink)  # optimize
+    sink = graph_rewrite(sink, pm_lower_reduce, ctx=itertools.count())  # lower
+    return sink
+
+
+# ---- optimize: loop order --------------------------------------------------------------
+
+
+def order_loops(sink: UOp) -> UOp:
+    """Renumber loop ranges so the one with the largest store stride is outermost, as a
+    row-major walk of each output keeps both the writes and most reads sequential."""
+    loops = [u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce]
+    if len(loops) < 2:
+        return sink
+    stride = {r: 0 for r in loops}
+    for store in (s for s in sink.src if s.op is Ops.STORE):
+        for r, coefficient in _coefficients(store.src[0].src[1]).items():
+            if r in stride:
+                stride[r] = max(stride[r], abs(coefficient))
+    order = sorted(loops, key=lambda r: (-stride[r], r.arg.axis))
+    if order == sorted(loops, key=lambda r: r.arg.axis):
+        return sink
+    mapping = {r: UOp(Ops.RANGE, r.dtype, r.src, RangeArg(i, False)) for i, r in enumerate(order)}
+    # renumbering may collide with a reduce range's axis: move reduce axes past every loop
+    base = len(order)
+    for i, r in enumerate(u for u in sink.toposort if u.op is Ops.RANGE and u.arg.reduce):
+        mapping[r] = UOp(Ops.RANGE, r.dtype, r.src, RangeArg(base + i, True))
+    return substitute(sink, mapping)
+
+
+def _coefficients(index: UOp) -> dict[UOp, int]:
+    """Multiplier of each RANGE in a sum of products (ranges elsewhere count as 1)."""
+    found: dict[UOp, int] = {}
+    terms = [index]
+    while terms:
+        t = terms.pop()
+        if t.op is Ops.ADD:
+            terms.extend(t.src)
+        elif t.op is Ops.RANGE:
+            found[t] = found.get(t, 0) + 1
+        elif t.op is Ops.MUL and t.src[0].op is Ops.RANGE and t.src[1].op is Ops.CONST:
+            found[t.src[0]] = found.get(t.src[0], 0) + t.src[1].arg
+        else:
+            for r in t.ranges:
+                found.setdefault(r, 1)
+    return found
+
+
+# ---- lower: reductions to accumulators ----------------------------------------------
+
+
+def reduce_identity(combine: Ops, dtype: DType) -> int | float | bool:
+    if combine is Ops.ADD:
+        return 0
+    if combine is Ops.MUL:
+        return 1
+    if combine is Ops.MAX:
+        return dtype.min
+    if combine is Ops.MIN:
+        return dtype.max
+    raise ValueError(f"no identity for reduction {combine}")
+
+
+def lower_reduce(ctx: itertools.count, red: UOp) -> UOp:
+    """REDUCE(value, *ranges) -> ACC_READ(acc, ACC_UPDATE(acc, value, *ranges)), where the
+    accumulator is declared in the scope of the result (so it restarts for each output)."""
+    value, reduce_ranges = red.src[0], red.src[1:]
+    arg = AccArg(red.arg, reduce_identity(red.arg, red.dtype), next(ctx))
+    outer = tuple(sorted(red.ranges, key=lambda r: r.arg.axis))
+    acc = UOp(Ops.DEFINE_ACC, red.dtype, outer, arg)
+    update = UOp(Ops.ACC_UPDATE, red.dtype, (acc, value, *reduce_ranges))
+    return UOp(Ops.ACC_READ, red.dtype, (acc, update))
+
+
+pm_lower_reduce = PatternMatcher(
+    [
+        (UPat(Ops.REDUCE, name="red"), lower_reduce),  # REDUCE -> DEFINE_ACC + ACC_UPDATE + ACC_READ
+    ]
+)

@@ -1,0 +1,53 @@
+"""ember's configuration: a small, typed set of flags.
+
+Each flag says whether it changes generated code (and so is part of the cache key).
+Environment overrides (`EMBER_<NAME>`) are read when a compile starts, never at import;
+`ember.compile(fn, **options)` overrides both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _flag(default, env: str, in_cache_key: bool, doc: str):
+    return field(default=default, metadata={"env": env, "in_cache_key": in_cache_key, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Config:
+    strict: bool = _flag(False, "EMBER_STRICT", False, "raise instead of falling back to eager when a graph fails")
+    debug: bool = _flag(False, "EMBER_DEBUG", False, "dump every stage of every graph into debug_dir")
+    debug_dir: str = _flag("ember_debug", "EMBER_DEBUG_DIR", False, "where EMBER_DEBUG dumps go")
+    cache_dir: str = _flag(str(Path.home() / ".cache" / "ember"), "EMBER_CACHE_DIR", False, "on-disk cache")
+    cxx: str = _flag("g++", "EMBER_CXX", True, "the C++ compiler for CPU kernels")
+    parallel_threshold: int = _flag(32768, "EMBER_PARALLEL_THRESHOLD", True,
+                                    "loop nests with fewer iterations run on one thread")  # fmt: skip
+    compile_threads: int = _flag(8, "EMBER_COMPILE_THREADS", False, "kernels compiled in parallel")
+
+    def cache_key(self) -> str:
+        return repr([(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata["in_cache_key"]])
+
+
+def _parse(text: str, like):
+    if isinstance(like, bool):
+        return text.strip().lower() not in ("", "0", "false", "no", "off")
+    return type(like)(text)
+
+
+def load(**options) -> Config:
+    """The config for one compile: defaults, then environment, then `options`."""
+    values = {}
+    for f in dataclasses.fields(Config):
+        env = os.environ.get(f.metadata["env"])
+        if env is not None:
+            values[f.name] = _parse(env, f.default)
+    unknown = set(options) - {f.name for f in dataclasses.fields(Config)}
+    if unknown:
+        known = ", ".join(f.name for f in dataclasses.fields(Config))
+        raise TypeError(f"unknown ember option(s) {sorted(unknown)}; known options: {known}")
+    values.update(options)
+    return Config(**values)

@@ -1,0 +1,43 @@
+"""EMBER_DEBUG=1: each compiled graph's stages, dumped into a folder a user can read.
+
+    <debug_dir>/graph_<hash>/fx_graph.txt     the aten graph ember received
+                             ir.txt           buffers, their UOp bodies, extern calls
+                             kernels/*.cpp    each kernel's source
+                             wrapper.py       the generated wrapper
+                             timings.txt      seconds per stage
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ember.ir import ComputedBuffer, LoweredGraph
+
+
+class DebugDump:
+    def __init__(self, enabled: bool, root: str, graph_key: str):
+        self.enabled = enabled
+        self.folder = Path(root) / f"graph_{graph_key[:12]}"
+        if enabled:
+            (self.folder / "kernels").mkdir(parents=True, exist_ok=True)
+            print(f"ember: debug dump of this graph in {self.folder.resolve()}", file=sys.stderr)
+
+    def write(self, name: str, text: str) -> None:
+        if self.enabled:
+            (self.folder / name).write_text(text)
+
+
+def describe_ir(graph: LoweredGraph) -> str:
+    lines = [f"inputs: {', '.join(f'{b.name} {b.dtype.name}{list(b.layout.size)}' for b in graph.inputs)}", ""]
+    for step in graph.steps:
+        if isinstance(step, ComputedBuffer):
+            b = step.buffer
+            lines.append(f"{b.name} = computed {b.dtype.name}{list(b.layout.size)} stride {b.layout.stride}")
+            lines.append(f"    body: {step.body}")
+        else:
+            kind = "fallback" if step.is_fallback else "extern"
+            lines.append(f"{', '.join(o.name for o in step.outputs)} = {kind} {step.op} ({step.origin})")
+    lines.append("")
+    lines.append(f"outputs: {[o.ref.name if o.ref else o.constant for o in graph.outputs]}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,50 @@
+"""Frontend: the `torch.compile` backend and `ember.compile`.
+
+Dynamo captures an FX graph; AOTAutograd (with ember's decomposition table) turns it into
+functional aten graphs for forward and backward; each goes to `compile_graph`. When a graph
+fails to compile, ember warns once, names the stage and op, and runs that graph eagerly —
+unless `strict` (EMBER_STRICT=1), which raises.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from ember import config as config_module
+from ember.compile_graph import compile_graph
+from ember.lower.decompositions import decomposition_table
+from ember.metrics import metrics
+
+
+def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable:
+    """The `torch.compile(..., backend="ember")` entry point."""
+    config = config_module.load(**options)
+    compiler = functools.partial(compile_or_fallback, config=config)
+    backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler, decompositions=decomposition_table())
+    return backend(gm, example_inputs)
+
+
+def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config) -> Callable:
+    try:
+        return compile_graph(gm, example_inputs, config)
+    except Exception as e:
+        if config.strict:
+            raise
+        metrics.graphs_failed += 1
+        warnings.warn(f"{e}\nember: running this graph eagerly instead (set EMBER_STRICT=1 to raise).", stacklevel=2)
+        return make_boxed_func(gm.forward)
+
+
+def compile(model: Callable, **options: Any) -> Callable:  # noqa: A001 - mirrors torch.compile
+    """`torch.compile(model, backend="ember")` with ember options, e.g. `ember.compile(m, debug=True)`.
+    Options are the fields of `ember.config.Config`; `dynamic` and `fullgraph` go to torch.compile."""
+    torch_options = {k: options.pop(k) for k in ("dynamic", "fullgraph", "mode") if k in options}
+    config_module.load(**options)  # reject unknown options now, not at the first call
+    return torch.compile(model, backend=functools.partial(ember_backend, **options), **torch_options)

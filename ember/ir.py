@@ -1,0 +1,129 @@
+"""Lowering-level program: buffers, computed buffers, extern calls.
+
+`lower/` turns an FX graph into a `LoweredGraph`; `schedule/` groups its computations into
+kernels; `codegen/` turns each kernel's UOp bodies into source; `wrapper/` calls them in
+order. Tensors that are never realized never appear here: they were inlined as UOps
+into the bodies of the buffers that read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ember.uop.dtypes import DType
+from ember.uop.ops import BufferArg, Ops, UOp
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a tensor's elements live in its buffer: sizes, strides and offset, in elements."""
+
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int = 0
+
+    @staticmethod
+    def contiguous(size: tuple[int, ...]) -> Layout:
+        return Layout(tuple(size), contiguous_strides(size))
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.size:
+            n *= s
+        return n
+
+    @property
+    def storage_size(self) -> int:
+        """Elements the buffer must hold for this layout to be in bounds."""
+        if self.numel == 0:
+            return 0
+        return self.offset + 1 + sum((s - 1) * st for s, st in zip(self.size, self.stride))
+
+    def index(self, axes: list[UOp]) -> UOp:
+        """The linear element index of position `axes`."""
+        from ember.uop.dtypes import dtypes
+
+        idx = UOp.const(dtypes.index, self.offset)
+        for axis, size, stride in zip(axes, self.size, self.stride):
+            if size != 1:
+                idx = idx + axis * stride
+        return idx
+
+
+def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
+    strides, running = [], 1
+    for s in reversed(size):
+        strides.append(running)
+        running *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+@dataclass
+class Buffer:
+    """A named allocation: a graph input, a kernel output, or an extern's output."""
+
+    name: str
+    dtype: DType
+    layout: Layout
+    kind: str  # "input" | "computed" | "extern" | "constant"
+
+    def uop(self) -> UOp:
+        return UOp(Ops.BUFFER, self.dtype, (), BufferArg(self.name, self.layout.storage_size))
+
+
+@dataclass
+class ComputedBuffer:
+    """A buffer whose every element is `body`, a UOp over AXIS placeholders of its size."""
+
+    buffer: Buffer
+    body: UOp
+    origins: tuple[str, ...] = ()  # FX node names this computation came from, for debugging
+
+    @property
+    def name(self) -> str:
+        return self.buffer.name
+
+
+@dataclass
+class ExternCall:
+    """A call of an aten op on realized buffers. `args`/`kwargs` hold `BufferRef`s for tensors."""
+
+    op: Any  # torch OpOverload
+    args: tuple
+    kwargs: dict
+    outputs: list[Buffer]  # one per tensor the op returns, in order
+    output_structure: Any  # "single" or the number of leaves of a tuple result
+    output_positions: tuple[int, ...] = ()  # leaf index of each output in a tuple result
+    origin: str = ""
+    is_fallback: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.outputs[0].name if self.outputs else f"extern_{self.origin}"
+
+
+@dataclass(frozen=True)
+class BufferRef:
+    """A tensor argument of an extern call: buffer `name` seen through `layout`."""
+
+    name: str
+    layout: Layout
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """A graph output: a buffer seen through a layout, or a Python constant."""
+
+    ref: BufferRef | None
+    constant: Any = None
+
+
+@dataclass
+class LoweredGraph:
+    inputs: list[Buffer]
+    constants: dict[str, Any]  # name -> torch.Tensor held by the wrapper
+    steps: list[ComputedBuffer | ExternCall] = field(default_factory=list)
+    outputs: list[OutputSpec] = field(default_factory=list)

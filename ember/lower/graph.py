@@ -1,0 +1,159 @@
+"""Stage `lower`: an FX graph of aten ops -> a LoweredGraph of computed buffers and externs.
+
+Each node's value is a lazy `TensorValue` that its consumers inline; a value becomes a
+buffer only when something needs memory (Note: when a value is realized):
+  - a graph output, or an argument of an extern call;
+  - a value used by several nodes whose body is large, so inlining would repeat work;
+  - a body so large that inlining it again would blow up a kernel.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils._pytree import tree_flatten
+
+from ember.errors import EmberError
+from ember.ir import Buffer, Layout, LoweredGraph, OutputSpec, contiguous_strides
+from ember.lower.context import LoweringContext
+from ember.lower.registry import Unsupported, lookup
+from ember.lower.values import TensorValue, load
+from ember.uop.dtypes import from_torch, is_kernel_dtype
+
+# Inductor's `realize_opcount_threshold` plays the same role; above it, reuse beats recompute.
+REUSE_OPCOUNT = 30
+MAX_INLINE_OPCOUNT = 400
+
+VIEW_OPS = {
+    torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default,
+    torch.ops.aten.permute.default, torch.ops.aten.t.default, torch.ops.aten.transpose.int,
+    torch.ops.aten.expand.default, torch.ops.aten.slice.Tensor, torch.ops.aten.select.int,
+    torch.ops.aten.squeeze.default, torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims,
+    torch.ops.aten.unsqueeze.default, torch.ops.aten.as_strided.default, torch.ops.aten.alias.default,
+    torch.ops.aten.diagonal.default, torch.ops.aten.unfold.default,
+}  # fmt: skip
+
+
+def lower_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> tuple[LoweredGraph, LoweringContext]:
+    ctx = LoweringContext(LoweredGraph(inputs=[], constants={}))
+    env: dict[torch.fx.Node, Any] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = _lower_placeholder(ctx, node, example_inputs[len(ctx.graph.inputs)])
+        elif node.op == "get_attr":
+            env[node] = _lower_constant(ctx, node, getattr(gm, node.target))
+        elif node.op == "call_function":
+            env[node] = _lower_call(ctx, node, env)
+        elif node.op == "output":
+            ctx.graph.outputs = _lower_outputs(ctx, node, env)
+        else:
+            raise EmberError("lower", f"unexpected FX node kind {node.op!r}", node.name)
+    return ctx.graph, ctx
+
+
+def _lower_placeholder(ctx: LoweringContext, node: torch.fx.Node, example: Any) -> Any:
+    if not isinstance(example, torch.Tensor):
+        if isinstance(example, (int, float, bool)):
+            raise Unsupported(f"scalar graph input {node.name} (dynamic scalars are not supported yet)")
+        return example
+    if any(not isinstance(s, int) for s in (*example.shape, *example.stride())):
+        raise EmberError("lower", "dynamic shapes are not supported yet; compile with dynamic=False", node.name)
+    layout = Layout(tuple(example.shape), tuple(example.stride()), 0)
+    buffer = ctx.add_buffer(Buffer(node.name, from_torch(example.dtype), layout, "input"))
+    ctx.graph.inputs.append(buffer)
+    return load(buffer)
+
+
+def _lower_constant(ctx: LoweringContext, node: torch.fx.Node, value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    layout = Layout(tuple(value.shape), tuple(value.stride()), 0)
+    buffer = ctx.add_buffer(Buffer(node.name, from_torch(value.dtype), layout, "constant"))
+    ctx.graph.constants[node.name] = value
+    return load(buffer)
+
+
+def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
+    if node.target is operator.getitem:
+        return args[0][args[1]]
+    lowering = lookup(node.target)
+    value = None
+    if lowering is not None and _kernel_dtypes_only(node, args, kwargs):
+        try:
+            value = lowering(ctx, node, *args, **kwargs)
+        except Unsupported:
+            value = None
+        except Exception as e:
+            raise EmberError("lower", f"{type(e).__name__}: {e}", f"{node.target} ({node.name})") from e
+    if value is None:
+        value = ctx.extern(node.target, args, kwargs, node.meta.get("val"), node.name, fallback=True)
+    if isinstance(value, TensorValue):
+        value = _maybe_realize(ctx, node, value)
+    return value
+
+
+def _kernel_dtypes_only(node: torch.fx.Node, args: tuple, kwargs: dict) -> bool:
+    """Kernels handle only ember's dtypes; anything touching another type goes to aten."""
+    values, _ = tree_flatten((args, kwargs, node.meta.get("val")))
+    for v in values:
+        dtype = v.dtype if isinstance(v, (TensorValue, torch.Tensor)) else None
+        if isinstance(dtype, torch.dtype):
+            dtype = from_torch(dtype)
+        if dtype is not None and not is_kernel_dtype(dtype):
+            return False
+        if isinstance(v, (complex, torch.SymInt, torch.SymFloat)):
+            return False
+    return True
+
+
+def _maybe_realize(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue) -> TensorValue:
+    """Note: when a value is realized (see the module docstring)."""
+    opcount = sum(1 for u in value.body.toposort if u.dtype.kind != "index")
+    if opcount > MAX_INLINE_OPCOUNT or (len(node.users) > 1 and opcount > REUSE_OPCOUNT):
+        return ctx.realized(value, node.name)
+    return value
+
+
+def _lower_outputs(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> list[OutputSpec]:
+    results, _ = tree_flatten(node.args[0])
+    outputs, realized = [], {}
+    for result in results:
+        if not isinstance(result, torch.fx.Node):
+            outputs.append(OutputSpec(None, result))
+            continue
+        value = env[result]
+        if not isinstance(value, TensorValue):
+            outputs.append(OutputSpec(None, value))
+            continue
+        if result not in realized:
+            aliases = _aliases_graph_input(result)
+            layout = None if aliases else _output_layout(result.meta.get("val"), value)
+            realized[result] = ctx.realize(value, result.name, layout, fresh=not aliases)
+        outputs.append(OutputSpec(realized[result]))
+    return outputs
+
+
+def _aliases_graph_input(node: torch.fx.Node) -> bool:
+    """Does eager return a view of a graph input here? Then ember returns one too."""
+    while node.op == "call_function" and node.target in VIEW_OPS:
+        node = node.args[0]
+    return node.op == "placeholder"
+
+
+def _output_layout(meta: Any, value: TensorValue) -> Layout:
+    """Eager's strides when they are dense (so outputs match eager's layout), else row-major."""
+    if isinstance(meta, torch.Tensor) and tuple(meta.shape) == value.shape:
+        stride = tuple(meta.stride())
+        order = sorted(range(len(stride)), key=lambda i: stride[i])
+        expected, dense = 1, True
+        for i in order:
+            if value.shape[i] != 1 and stride[i] != expected:
+                dense = False
+            expected *= value.shape[i]
+        if dense and value.numel > 0:
+            return Layout(value.shape, stride)
+    return Layout(value.shape, contiguous_strides(value.shape))

@@ -1,0 +1,177 @@
+"""Lazy tensors during lowering, and the index algebra of views.
+
+A `TensorValue` is a tensor that has not been realized: its element at position
+(AXIS 0, …, AXIS n-1) is the UOp `body`. A view builds a new body by substituting the old
+axes with index expressions of the new ones (Note: views are substitutions), so views
+never copy and reading through any chain of them is one LOAD with a composed index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ember.ir import Buffer, Layout
+from ember.uop.dtypes import DType, dtypes
+from ember.uop.ops import Ops, UOp, substitute
+
+
+def axis(i: int) -> UOp:
+    return UOp(Ops.AXIS, dtypes.index, (), i)
+
+
+def const_index(value: int) -> UOp:
+    return UOp.const(dtypes.index, value)
+
+
+@dataclass(frozen=True)
+class TensorValue:
+    shape: tuple[int, ...]
+    dtype: DType
+    body: UOp
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def reindex(self, shape: tuple[int, ...], old_axes: list[UOp]) -> TensorValue:
+        """A view of shape `shape` whose old axis i is `old_axes[i]` (over the new axes)."""
+        mapping = {axis(i): expr for i, expr in enumerate(old_axes) if expr is not axis(i)}
+        return TensorValue(tuple(shape), self.dtype, substitute(self.body, mapping) if mapping else self.body)
+
+    def with_body(self, body: UOp, dtype: DType | None = None) -> TensorValue:
+        return TensorValue(self.shape, dtype or body.dtype, body)
+
+
+def load(buffer: Buffer, layout: Layout | None = None) -> TensorValue:
+    """The value of `buffer` read through `layout` (its own layout by default)."""
+    layout = layout or buffer.layout
+    idx = layout.index([axis(i) for i in range(len(layout.size))])
+    body = UOp(Ops.LOAD, buffer.dtype, (UOp(Ops.INDEX, buffer.dtype, (buffer.uop(), idx)),))
+    return TensorValue(layout.size, buffer.dtype, body)
+
+
+def constant(value: int | float | bool, dtype: DType, shape: tuple[int, ...] = ()) -> TensorValue:
+    return TensorValue(tuple(shape), dtype, UOp.const(dtype, value))
+
+
+# ---- views (Note: views are substitutions) ---------------------------------------------
+
+
+def broadcast_to(x: TensorValue, shape: tuple[int, ...]) -> TensorValue:
+    """Right-aligned broadcasting; size-1 dims are read at index 0."""
+    lead = len(shape) - x.ndim
+    if lead < 0:
+        raise ValueError(f"cannot broadcast shape {x.shape} to {shape}")
+    old_axes = []
+    for i, size in enumerate(x.shape):
+        if size == shape[lead + i]:
+            old_axes.append(axis(lead + i))
+        elif size == 1:
+            old_axes.append(const_index(0))
+        else:
+            raise ValueError(f"cannot broadcast shape {x.shape} to {shape}")
+    return x.reindex(shape, old_axes)
+
+
+def permute(x: TensorValue, dims: list[int]) -> TensorValue:
+    dims = [d % max(x.ndim, 1) for d in dims]
+    old_axes = [const_index(0)] * x.ndim
+    for new, old in enumerate(dims):
+        old_axes[old] = axis(new)
+    return x.reindex(tuple(x.shape[d] for d in dims), old_axes)
+
+
+def slice_dim(x: TensorValue, dim: int, start: int, end: int, step: int) -> TensorValue:
+    """x[..., start:end:step, ...] along `dim`, with Python's clamping of start and end."""
+    size = x.shape[dim]
+    start, end, _ = slice(start, end).indices(size)
+    length = max(0, (end - start + step - 1) // step)
+    old_axes = [axis(i) for i in range(x.ndim)]
+    old_axes[dim] = axis(dim) * step + start
+    return x.reindex(x.shape[:dim] + (length,) + x.shape[dim + 1 :], old_axes)
+
+
+def select(x: TensorValue, dim: int, index: int) -> TensorValue:
+    size = x.shape[dim]
+    if not -size <= index < size:
+        raise IndexError(f"select(): index {index} out of range for dimension {dim} of size {size}")
+    old_axes = [axis(i) for i in range(dim)] + [const_index(index % size)] + [axis(i) for i in range(dim, x.ndim - 1)]
+    return x.reindex(x.shape[:dim] + x.shape[dim + 1 :], old_axes)
+
+
+def unsqueeze(x: TensorValue, dim: int) -> TensorValue:
+    old_axes = [axis(i) if i < dim else axis(i + 1) for i in range(x.ndim)]
+    return x.reindex(x.shape[:dim] + (1,) + x.shape[dim:], old_axes)
+
+
+def reshape(x: TensorValue, shape: tuple[int, ...]) -> TensorValue:
+    """Row-major reshape: each old axis is recovered from the new position's flat index."""
+    if tuple(shape) == x.shape:
+        return x
+    if x.numel == 0:
+        return TensorValue(tuple(shape), x.dtype, x.body)
+    kept_new = [i for i, s in enumerate(shape) if s != 1]
+    kept_old = [i for i, s in enumerate(x.shape) if s != 1]
+    if [shape[i] for i in kept_new] == [x.shape[i] for i in kept_old]:  # only size-1 dims move
+        old_axes = [const_index(0)] * x.ndim
+        for new, old in zip(kept_new, kept_old):
+            old_axes[old] = axis(new)
+        return x.reindex(tuple(shape), old_axes)
+    flat = const_index(0)
+    for i, stride in enumerate(_strides(shape)):
+        if shape[i] != 1:
+            flat = flat + axis(i) * stride
+    old_axes = [(flat // stride) % size for size, stride in zip(x.shape, _strides(x.shape))]
+    return x.reindex(tuple(shape), old_axes)
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    strides, running = [], 1
+    for s in reversed(shape):
+        strides.append(running)
+        running *= s
+    return list(reversed(strides))
+
+
+def as_strided_read(x: TensorValue) -> tuple[str, Layout] | None:
+    """(buffer name, layout) when `x` is a plain strided read of one buffer, else None."""
+    if x.body.op is not Ops.LOAD:
+        return None
+    index = x.body.src[0]
+    coefficients = affine_coefficients(index.src[1], x.ndim)
+    if coefficients is None:
+        return None
+    offset, strides = coefficients
+    return index.src[0].arg.name, Layout(x.shape, tuple(strides), offset)
+
+
+def affine_coefficients(expr: UOp, ndim: int) -> tuple[int, list[int]] | None:
+    """(offset, strides) when `expr` is offset + sum(AXIS i * stride i), else None."""
+    from ember.uop.symbolic import simplify
+
+    expr = simplify(expr)
+    strides = [0] * ndim
+    offset = 0
+    terms = [expr]
+    while terms:
+        t = terms.pop()
+        if t.op is Ops.ADD:
+            terms.extend(t.src)
+        elif t.op is Ops.CONST:
+            offset += t.arg
+        elif t.op is Ops.AXIS:
+            strides[t.arg] += 1
+        elif t.op is Ops.MUL and t.src[0].op is Ops.AXIS and t.src[1].op is Ops.CONST:
+            strides[t.src[0].arg] += t.src[1].arg
+        elif t.op is Ops.MUL and t.src[1].op is Ops.AXIS and t.src[0].op is Ops.CONST:
+            strides[t.src[1].arg] += t.src[0].arg
+        else:
+            return None
+    return offset, strides

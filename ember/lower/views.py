@@ -1,0 +1,128 @@
+"""Lowerings of view ops and constants. Views fold into index expressions (values.py)."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from ember.lower.context import LoweringContext
+from ember.lower.pointwise import out_meta
+from ember.lower.registry import Unsupported, register
+from ember.lower.values import (
+    TensorValue, axis, broadcast_to, const_index, constant, load, permute, reshape, select, slice_dim, unsqueeze,
+)  # fmt: skip
+from ember.uop.dtypes import dtypes, from_torch
+from ember.uop.ops import UOp
+
+aten = torch.ops.aten
+
+
+def _dim(d: int, ndim: int) -> int:
+    return d % max(ndim, 1)
+
+
+@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def lower_view(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, shape) -> TensorValue:
+    return reshape(x, tuple(out_meta(node).shape))
+
+
+@register(aten.permute.default)
+def lower_permute(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dims) -> TensorValue:
+    return permute(x, list(dims))
+
+
+@register(aten.t.default, aten.transpose.int)
+def lower_transpose(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dim0=0, dim1=1) -> TensorValue:
+    if x.ndim < 2:
+        return x
+    dims = list(range(x.ndim))
+    d0, d1 = _dim(dim0, x.ndim), _dim(dim1, x.ndim)
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return permute(x, dims)
+
+
+@register(aten.expand.default)
+def lower_expand(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, size, implicit=False) -> TensorValue:
+    return broadcast_to(x, tuple(out_meta(node).shape))
+
+
+@register(aten.slice.Tensor)
+def lower_slice(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dim=0, start=None, end=None, step=1):
+    if x.ndim == 0:
+        raise Unsupported("slice of a 0-d tensor")
+    return slice_dim(x, _dim(dim, x.ndim), start, end, step)
+
+
+@register(aten.select.int)
+def lower_select(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dim: int, index: int) -> TensorValue:
+    return select(x, _dim(dim, x.ndim), index)
+
+
+@register(aten.unsqueeze.default)
+def lower_unsqueeze(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dim: int) -> TensorValue:
+    return unsqueeze(x, dim % (x.ndim + 1))
+
+
+@register(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+def lower_squeeze(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dims=None) -> TensorValue:
+    return reshape(x, tuple(out_meta(node).shape))
+
+
+@register(aten.as_strided.default)
+def lower_as_strided(ctx: LoweringContext, node, x: TensorValue, size, stride, storage_offset=None) -> TensorValue:
+    """as_strided indexes the input's storage: expressible when the input is a buffer (or is
+    realized into one) whose storage layout eager would share."""
+    base_meta = node.args[0].meta.get("val")
+    if not isinstance(base_meta, torch.Tensor) or not base_meta.is_contiguous():
+        raise Unsupported("as_strided of a non-contiguous input")
+    ref = ctx.realize(x, node.name)
+    if ref.layout.stride != tuple(base_meta.stride()) or ref.layout.offset != 0:
+        raise Unsupported("as_strided of a value whose storage differs from eager's")
+    offset = (storage_offset if storage_offset is not None else base_meta.storage_offset()) - base_meta.storage_offset()
+    from ember.ir import Layout
+
+    return load(ctx.buffers[ref.name], Layout(tuple(size), tuple(stride), offset))
+
+
+@register(aten.full.default)
+def lower_full(ctx: LoweringContext, node: torch.fx.Node, size, value, **kwargs) -> TensorValue:
+    meta = out_meta(node)
+    return constant(value, from_torch(meta.dtype), tuple(meta.shape))
+
+
+@register(aten.scalar_tensor.default)
+def lower_scalar_tensor(ctx: LoweringContext, node: torch.fx.Node, value, **kwargs) -> TensorValue:
+    return constant(value, from_torch(out_meta(node).dtype))
+
+
+@register(aten.zeros.default, aten.ones.default, aten.empty.memory_format, aten.empty_strided.default)
+def lower_zeros_ones(ctx: LoweringContext, node: torch.fx.Node, size, *args, **kwargs) -> TensorValue:
+    # empty's contents are unspecified: zeros is a valid, deterministic choice
+    meta = out_meta(node)
+    value = 1 if node.target is aten.ones.default else 0
+    return constant(value, from_torch(meta.dtype), tuple(meta.shape))
+
+
+@register(aten.zeros_like.default, aten.ones_like.default, aten.full_like.default, aten.empty_like.default)
+def lower_like(ctx: LoweringContext, node: torch.fx.Node, x, *args, **kwargs) -> TensorValue:
+    meta = out_meta(node)
+    value = {aten.ones_like.default: 1, aten.full_like.default: args[0] if args else None}.get(node.target, 0)
+    return constant(value, from_torch(meta.dtype), tuple(meta.shape))
+
+
+@register(aten.arange.start_step, aten.arange.default, aten.arange.start)
+def lower_arange(ctx: LoweringContext, node: torch.fx.Node, *args, **kwargs) -> TensorValue:
+    meta = out_meta(node)
+    numbers = list(args) + [None] * (3 - len(args))
+    if node.target is aten.arange.default:
+        start, step = 0, 1
+    else:
+        start, step = numbers[0], numbers[2] if numbers[2] is not None else 1
+    dtype = from_torch(meta.dtype)
+    compute = dtypes.float64 if dtype.is_float else dtypes.int64
+    i = axis(0).cast(compute)
+    body = (i * UOp.const(compute, step) + UOp.const(compute, start)).cast(dtype)
+    return TensorValue(tuple(meta.shape), dtype, body if meta.numel() else UOp.const(dtype, 0))
+
+
+_ = const_index  # re-exported for lowerings that index with constants

@@ -1,0 +1,32 @@
+"""Counters of what ember did, for tests and for users asking "what happened?".
+
+    import ember
+    ember.metrics.reset()
+    ...compile and run...
+    ember.metrics.kernels_generated, ember.metrics.fallback_ops
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Metrics:
+    graphs_compiled: int = 0
+    graphs_failed: int = 0  # fell back to eager
+    kernels_generated: int = 0
+    extern_calls: int = 0  # all aten calls in wrappers (fallbacks included)
+    fallback_calls: int = 0  # aten calls for ops ember has no lowering for
+    fallback_ops: Counter = field(default_factory=Counter)
+    code_cache_hits: int = 0
+    code_cache_misses: int = 0
+
+    def reset(self) -> None:
+        fresh = Metrics()
+        self.__dict__.update(fresh.__dict__)
+
+
+# The process-wide counters; owned by this module and only ever added to by compile_graph.
+metrics = Metrics()

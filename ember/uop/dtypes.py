@@ -1,0 +1,96 @@
+"""ember's scalar types, mapped to torch dtypes and C types.
+
+Every stage names types through `DType`; only the frontend and the wrapper translate from
+and to `torch.dtype`, and only the C++ renderer reads `ctype`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    itemsize: int
+    ctype: str
+    kind: str  # "float" | "int" | "uint" | "bool" | "index"
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in ("int", "uint", "index")
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind == "bool"
+
+    @property
+    def min(self) -> int | float:
+        if self.is_float:
+            return -math.inf
+        if self.is_bool or self.kind == "uint":
+            return 0
+        return -(2 ** (8 * self.itemsize - 1))
+
+    @property
+    def max(self) -> int | float:
+        if self.is_float:
+            return math.inf
+        if self.is_bool:
+            return 1
+        bits = 8 * self.itemsize
+        return 2**bits - 1 if self.kind == "uint" else 2 ** (bits - 1) - 1
+
+    def __repr__(self) -> str:
+        return f"dtypes.{self.name}"
+
+
+class dtypes:  # noqa: N801 - a namespace, spelled like torch's
+    bool = DType("bool", 1, "bool", "bool")
+    int8 = DType("int8", 1, "int8_t", "int")
+    int16 = DType("int16", 2, "int16_t", "int")
+    int32 = DType("int32", 4, "int32_t", "int")
+    int64 = DType("int64", 8, "int64_t", "int")
+    uint8 = DType("uint8", 1, "uint8_t", "uint")
+    float32 = DType("float32", 4, "float", "float")
+    float64 = DType("float64", 8, "double", "float")
+    # Loop variables and index arithmetic; rendered as int64_t (narrowed later when it fits).
+    index = DType("index", 8, "int64_t", "index")
+    # STORE, SINK and other ops that produce no value.
+    void = DType("void", 0, "void", "void")
+
+
+_FROM_TORCH: dict[torch.dtype, DType] = {
+    torch.bool: dtypes.bool,
+    torch.int8: dtypes.int8,
+    torch.int16: dtypes.int16,
+    torch.int32: dtypes.int32,
+    torch.int64: dtypes.int64,
+    torch.uint8: dtypes.uint8,
+    torch.float32: dtypes.float32,
+    torch.float64: dtypes.float64,
+}
+_TO_TORCH = {v: k for k, v in _FROM_TORCH.items()}
+
+
+def from_torch(dtype: torch.dtype) -> DType:
+    """The ember dtype for a torch dtype. Types ember has no kernels for yet come back with
+    kind "opaque": buffers of them flow between fallback externs, kernels refuse them."""
+    if dtype in _FROM_TORCH:
+        return _FROM_TORCH[dtype]
+    return DType(str(dtype).removeprefix("torch."), dtype.itemsize, "", "opaque")
+
+
+def to_torch(dtype: DType) -> torch.dtype:
+    return _TO_TORCH.get(dtype) or getattr(torch, dtype.name)
+
+
+def is_kernel_dtype(dtype: DType) -> bool:
+    return dtype in _TO_TORCH

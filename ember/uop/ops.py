@@ -1,0 +1,326 @@
+"""The one representation: an immutable, hash-consed UOp DAG.
+
+A `UOp(op, dtype, src, arg)` is created once per distinct (op, dtype, src, arg); building an
+equal UOp returns the existing object. So common subexpressions merge as they are built,
+`a is b` is structural equality, and every kernel AST has a stable content hash.
+
+Note: UOp interning
+    The intern table is owned by `_UOpMeta` and holds weak references, so UOps nobody
+    uses are collected. It is the only module-level mutable state in ember's core, and it
+    is safe because UOps are immutable.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import math
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from ember.uop.dtypes import DType, dtypes
+
+
+class Ops(enum.Enum):
+    # structure
+    SINK = enum.auto()  # src: the STOREs of a kernel
+    BUFFER = enum.auto()  # a kernel parameter (global memory); arg: BufferArg
+    INDEX = enum.auto()  # src: (BUFFER, linear element index)
+    LOAD = enum.auto()  # src: (INDEX,)
+    STORE = enum.auto()  # src: (INDEX, value)
+    AXIS = enum.auto()  # lowering-time placeholder for output dimension `arg` of a tensor
+    RANGE = enum.auto()  # a loop variable; src: (CONST size,), arg: RangeArg
+    CONST = enum.auto()  # arg: the Python value
+    REDUCE = enum.auto()  # src: (value, *reduce RANGEs), arg: the combining Ops (ADD/MAX/MIN/MUL)
+    DEFINE_ACC = enum.auto()  # accumulator declared where the REDUCE result lives; arg: AccArg
+    ACC_UPDATE = enum.auto()  # src: (DEFINE_ACC, value, *reduce RANGEs); acc = combine(acc, value)
+    ACC_READ = enum.auto()  # src: (DEFINE_ACC, ACC_UPDATE); the reduced value after the loop
+    ENDRANGE = enum.auto()  # linearizer only: closes src[0]
+    # unary
+    NEG = enum.auto()
+    NOT = enum.auto()  # logical not (bool) / bitwise not (int)
+    ABS = enum.auto()
+    EXP = enum.auto()
+    EXP2 = enum.auto()
+    EXPM1 = enum.auto()
+    LOG = enum.auto()
+    LOG2 = enum.auto()
+    LOG10 = enum.auto()
+    LOG1P = enum.auto()
+    SQRT = enum.auto()
+    SIN = enum.auto()
+    COS = enum.auto()
+    TAN = enum.auto()
+    ASIN = enum.auto()
+    ACOS = enum.auto()
+    ATAN = enum.auto()
+    SINH = enum.auto()
+    COSH = enum.auto()
+    TANH = enum.auto()
+    ERF = enum.auto()
+    FLOOR = enum.auto()
+    CEIL = enum.auto()
+    ROUND = enum.auto()  # half to even, as torch.round
+    TRUNC = enum.auto()
+    ISNAN = enum.auto()
+    ISINF = enum.auto()
+    CAST = enum.auto()
+    # binary
+    ADD = enum.auto()
+    SUB = enum.auto()
+    MUL = enum.auto()
+    FDIV = enum.auto()  # true division (floats)
+    IDIV = enum.auto()  # integer division truncating toward zero (C semantics)
+    MOD = enum.auto()  # integer remainder with the sign of the dividend (C semantics)
+    FMOD = enum.auto()  # float remainder with the sign of the dividend
+    MAX = enum.auto()  # NaN-propagating for floats, as torch.maximum
+    MIN = enum.auto()
+    POW = enum.auto()
+    ATAN2 = enum.auto()
+    CMPLT = enum.auto()
+    CMPLE = enum.auto()
+    CMPEQ = enum.auto()
+    CMPNE = enum.auto()
+    AND = enum.auto()
+    OR = enum.auto()
+    XOR = enum.auto()
+    SHL = enum.auto()
+    SHR = enum.auto()
+    # ternary
+    WHERE = enum.auto()
+
+
+UNARY_OPS = frozenset(
+    {Ops.NEG, Ops.NOT, Ops.ABS, Ops.EXP, Ops.EXP2, Ops.EXPM1, Ops.LOG, Ops.LOG2, Ops.LOG10, Ops.LOG1P, Ops.SQRT}
+    | {Ops.SIN, Ops.COS, Ops.TAN, Ops.ASIN, Ops.ACOS, Ops.ATAN, Ops.SINH, Ops.COSH, Ops.TANH, Ops.ERF}
+    | {Ops.FLOOR, Ops.CEIL, Ops.ROUND, Ops.TRUNC, Ops.ISNAN, Ops.ISINF}
+)
+BINARY_OPS = frozenset(
+    {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.FMOD, Ops.MAX, Ops.MIN, Ops.POW, Ops.ATAN2}
+    | {Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
+)
+COMPARISON_OPS = frozenset({Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE, Ops.ISNAN, Ops.ISINF})
+COMMUTATIVE_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
+ALU_OPS = UNARY_OPS | BINARY_OPS | {Ops.WHERE, Ops.CAST}
+
+
+@dataclass(frozen=True)
+class BufferArg:
+    """A kernel parameter: `name` is the wrapper's buffer name, `size` its element count."""
+
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
+class RangeArg:
+    """A loop variable: `axis` orders loops (smaller is outer); reduce loops nest innermost."""
+
+    axis: int
+    reduce: bool = False
+
+
+@dataclass(frozen=True)
+class AccArg:
+    """An accumulator: its combining op and the identity it starts from."""
+
+    combine: Ops
+    identity: Any
+    id: int
+
+
+class _UOpMeta(type):
+    _interned: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+
+    def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
+        # floats key by repr: 0.0 == -0.0 and nan != nan must not merge or split constants
+        arg_key = repr(arg) if isinstance(arg, float) else arg
+        key = (op, dtype, tuple(id(s) for s in src), arg_key, type(arg))
+        if (found := _UOpMeta._interned.get(key)) is not None:
+            return found
+        made = super().__call__(op, dtype, tuple(src), arg)
+        _UOpMeta._interned[key] = made
+        return made
+
+
+class UOp(metaclass=_UOpMeta):
+    """One node of the DAG. Never mutate one: build a new one (see Note: UOp interning)."""
+
+    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+
+    def __init__(self, op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any):
+        self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
+
+    def __reduce__(self):
+        return (UOp, (self.op, self.dtype, self.src, self.arg))
+
+    def __repr__(self) -> str:
+        return pretty(self)
+
+    # ---- construction helpers -------------------------------------------------------
+    @staticmethod
+    def const(dtype: DType, value: Any) -> UOp:
+        return UOp(Ops.CONST, dtype, (), normalize_const(dtype, value))
+
+    @staticmethod
+    def range(size: int, axis: int, reduce: bool = False) -> UOp:
+        return UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, size),), RangeArg(axis, reduce))
+
+    def const_like(self, value: Any) -> UOp:
+        return UOp.const(self.dtype, value)
+
+    def alu(self, op: Ops, *others: UOp) -> UOp:
+        out_dtype = dtypes.bool if op in COMPARISON_OPS else self.dtype
+        return UOp(op, out_dtype, (self, *others))
+
+    def cast(self, dtype: DType) -> UOp:
+        return self if dtype == self.dtype else UOp(Ops.CAST, dtype, (self,))
+
+    def where(self, if_true: UOp, if_false: UOp) -> UOp:
+        return UOp(Ops.WHERE, if_true.dtype, (self, if_true, if_false))
+
+    def _lift(self, other: UOp | int | float) -> UOp:
+        return other if isinstance(other, UOp) else self.const_like(other)
+
+    def __add__(self, other):
+        return self.alu(Ops.ADD, self._lift(other))
+
+    def __radd__(self, other):
+        return self._lift(other).alu(Ops.ADD, self)
+
+    def __sub__(self, other):
+        return self.alu(Ops.SUB, self._lift(other))
+
+    def __mul__(self, other):
+        return self.alu(Ops.MUL, self._lift(other))
+
+    def __rmul__(self, other):
+        return self._lift(other).alu(Ops.MUL, self)
+
+    def __floordiv__(self, other):  # index math only: operands are non-negative
+        return self.alu(Ops.IDIV, self._lift(other))
+
+    def __mod__(self, other):  # index math only: operands are non-negative
+        return self.alu(Ops.MOD, self._lift(other))
+
+    def __neg__(self):
+        return self.alu(Ops.NEG)
+
+    def lt(self, other) -> UOp:
+        return self.alu(Ops.CMPLT, self._lift(other))
+
+    # ---- analysis ---------------------------------------------------------------------
+    @functools.cached_property
+    def toposort(self) -> tuple[UOp, ...]:
+        """Every UOp this one depends on, sources before users, this one last."""
+        order: list[UOp] = []
+        seen: set[int] = set()
+        stack: list[tuple[UOp, bool]] = [(self, False)]
+        while stack:
+            u, expanded = stack.pop()
+            if expanded:
+                order.append(u)
+                continue
+            if id(u) in seen:
+                continue
+            seen.add(id(u))
+            stack.append((u, True))
+            stack.extend((s, False) for s in reversed(u.src) if id(s) not in seen)
+        return tuple(order)
+
+    @functools.cached_property
+    def ranges(self) -> frozenset[UOp]:
+        """The loop variables this value varies with (reduced ranges excluded)."""
+        if self.op is Ops.RANGE:
+            return frozenset({self})
+        inner = frozenset().union(*(s.ranges for s in self.src)) if self.src else frozenset()
+        if self.op in (Ops.REDUCE, Ops.ACC_READ):
+            return inner - {r for r in inner if r.arg.reduce}
+        return inner
+
+    @functools.cached_property
+    def key(self) -> str:
+        """A content hash, stable across processes."""
+        parts = [self.op.name, self.dtype.name, repr(self.arg), *(s.key for s in self.src)]
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+    @functools.cached_property
+    def vmin(self) -> int | float:
+        return bounds(self)[0]
+
+    @functools.cached_property
+    def vmax(self) -> int | float:
+        return bounds(self)[1]
+
+
+def normalize_const(dtype: DType, value: Any) -> Any:
+    """Consts are stored as the Python type of their dtype, so 1 and 1.0 never intern apart."""
+    if dtype.is_bool:
+        return bool(value)
+    if dtype.is_int:
+        return int(value)
+    if dtype.is_float:
+        return float(value)
+    return value
+
+
+def bounds(u: UOp) -> tuple[int | float, int | float]:
+    """Inclusive (min, max) of an index expression, from its structure."""
+    if u.op is Ops.CONST:
+        return (u.arg, u.arg)
+    if u.op is Ops.RANGE:
+        return (0, u.src[0].arg - 1)
+    if u.op is Ops.AXIS:
+        return (0, dtypes.index.max)
+    s = [(x.vmin, x.vmax) for x in u.src]
+    if u.op is Ops.ADD:
+        return (s[0][0] + s[1][0], s[0][1] + s[1][1])
+    if u.op is Ops.SUB:
+        return (s[0][0] - s[1][1], s[0][1] - s[1][0])
+    if u.op is Ops.NEG:
+        return (-s[0][1], -s[0][0])
+    if u.op is Ops.MUL:
+        products = [a * b for a in s[0] for b in s[1] if not (math.isinf(a) or math.isinf(b))]
+        if len(products) == 4:
+            return (min(products), max(products))
+    if u.op is Ops.IDIV and s[1][0] > 0 and s[0][0] >= 0:
+        return (s[0][0] // s[1][1], s[0][1] // s[1][0])
+    if u.op is Ops.MOD and s[1][0] > 0 and s[0][0] >= 0:
+        return (0, min(s[0][1], s[1][1] - 1))
+    if u.op in (Ops.MAX, Ops.MIN):
+        pick = max if u.op is Ops.MAX else min
+        return (pick(s[0][0], s[1][0]), pick(s[0][1], s[1][1]))
+    if u.op is Ops.WHERE:
+        return (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
+    if u.op in COMPARISON_OPS or u.dtype.is_bool:
+        return (0, 1)
+    return (u.dtype.min, u.dtype.max)
+
+
+def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
+    """`root` with every occurrence of a key of `mapping` replaced by its value."""
+    done: dict[UOp, UOp] = dict(mapping)
+    for u in root.toposort:
+        if u in done:
+            continue
+        new_src = tuple(done[s] for s in u.src)
+        done[u] = u if all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
+    return done[root]
+
+
+def pretty(u: UOp, depth: int = 6) -> str:
+    if u.op is Ops.CONST:
+        return f"{u.arg!r}"
+    if u.op is Ops.RANGE:
+        return f"r{u.arg.axis}"
+    if u.op is Ops.AXIS:
+        return f"ax{u.arg}"
+    if u.op is Ops.BUFFER:
+        return u.arg.name
+    if depth == 0:
+        return f"{u.op.name}(…)"
+    inner = ", ".join(pretty(s, depth - 1) for s in u.src)
+    arg = "" if u.arg is None else f", {u.arg!r}"
+    return f"{u.op.name}({inner}{arg})"

@@ -1,0 +1,92 @@
+"""The wrapper as data: one object per line of the generated `call`, each rendering itself.
+
+Memory planning (seed 003) rewrites this list — reusing freed buffers, dropping frees —
+before it is rendered; today the list is allocate / call / free in schedule order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ember.ir import Buffer, BufferRef, Layout
+from ember.uop.dtypes import to_torch
+
+
+def tensor_expr(ref: BufferRef, own_layout: Layout) -> str:
+    """Python for the tensor `ref` names: the buffer itself, or a view of it."""
+    if ref.layout == own_layout:
+        return ref.name
+    return f"as_strided({ref.name}, {ref.layout.size}, {ref.layout.stride}, {ref.layout.offset})"
+
+
+@dataclass
+class AssertInput:
+    buffer: Buffer
+
+    def render(self) -> str:
+        b = self.buffer
+        return f"assert_layout({b.name}, {b.layout.size}, {b.layout.stride}, {to_torch(b.dtype)}, {b.name!r})"
+
+
+@dataclass
+class Allocate:
+    buffer: Buffer
+
+    def render(self) -> str:
+        b = self.buffer
+        size = b.layout.size
+        return f"{b.name} = empty_strided({size}, {b.layout.stride}, dtype={to_torch(b.dtype)})"
+
+
+@dataclass
+class KernelCall:
+    kernel: str
+    args: list[str]
+
+    def render(self) -> str:
+        return f"{self.kernel}({', '.join(f'{a}.data_ptr()' for a in self.args)})"
+
+
+@dataclass
+class ExternCall:
+    target: str  # Python expression for the op, e.g. aten.sort.default
+    call_args: str
+    outputs: list[Buffer]
+    single: bool
+
+    def render(self) -> str:
+        if self.single:
+            out = self.outputs[0]
+            return f"{out.name} = ensure_layout({self.target}({self.call_args}), {out.layout.size}, {out.layout.stride})"
+        tmp = f"{self.outputs[0].name}_result" if self.outputs else "_"
+        return f"{tmp} = tree_leaves({self.target}({self.call_args}))"
+
+
+@dataclass
+class Unpack:
+    source: str
+    position: int
+    buffer: Buffer
+
+    def render(self) -> str:
+        b = self.buffer
+        return f"{b.name} = ensure_layout({self.source}[{self.position}], {b.layout.size}, {b.layout.stride})"
+
+
+@dataclass
+class Free:
+    names: list[str]
+
+    def render(self) -> str:
+        return f"del {', '.join(self.names)}"
+
+
+@dataclass
+class Return:
+    values: list[str]
+
+    def render(self) -> str:
+        return f"return ({''.join(v + ', ' for v in self.values)})"
+
+
+Line = AssertInput | Allocate | KernelCall | ExternCall | Unpack | Free | Return

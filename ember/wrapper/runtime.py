@@ -1,0 +1,38 @@
+"""Helpers the generated wrappers import: layout checks, allocation, kernel loading."""
+
+from __future__ import annotations
+
+import torch
+
+from torch.utils._pytree import tree_leaves
+
+from ember.runtime.cpu import load_kernel
+
+as_strided = torch.as_strided
+__all__ = ["as_strided", "assert_layout", "empty_strided", "ensure_layout", "load_kernel", "tree_leaves"]
+
+
+def empty_strided(size, stride, dtype):
+    return torch.empty_strided(size, stride, dtype=dtype)
+
+
+def assert_layout(t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype, name: str) -> None:
+    """Kernels were generated for these exact sizes and strides; anything else is a bug."""
+    if tuple(t.shape) != size or (t.numel() > 1 and not _same_strides(t, size, stride)) or t.dtype != dtype:
+        raise AssertionError(
+            f"ember: input {name} has size {tuple(t.shape)}, stride {t.stride()}, dtype {t.dtype}; "
+            f"the compiled graph expects size {size}, stride {stride}, dtype {dtype}"
+        )
+
+
+def _same_strides(t: torch.Tensor, size: tuple, stride: tuple) -> bool:
+    return all(a == b or s == 1 for a, b, s in zip(t.stride(), stride, size))
+
+
+def ensure_layout(t: torch.Tensor, size: tuple, stride: tuple) -> torch.Tensor:
+    """An aten result in the layout kernels were generated for: as is, or copied into it."""
+    if tuple(t.shape) == tuple(size) and (t.numel() <= 1 or _same_strides(t, size, stride)):
+        return t
+    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
