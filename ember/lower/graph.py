@@ -17,10 +17,10 @@ import torch.fx
 from torch.utils._pytree import tree_flatten
 
 from ember.errors import EmberError
-from ember.ir import Buffer, Layout, LoweredGraph, OutputSpec, contiguous_strides
+from ember.ir import Buffer, BufferRef, Layout, LoweredGraph, OutputSpec, contiguous_strides
 from ember.lower.context import LoweringContext
 from ember.lower.registry import Unsupported, lookup
-from ember.lower.values import TensorValue, load
+from ember.lower.values import TensorValue, as_strided_read, load
 from ember.uop.dtypes import from_torch, is_kernel_dtype
 
 # Inductor's `realize_opcount_threshold` plays the same role; above it, reuse beats recompute.
@@ -57,7 +57,7 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> tuple[Lo
 def _lower_placeholder(ctx: LoweringContext, node: torch.fx.Node, example: Any) -> Any:
     if not isinstance(example, torch.Tensor):
         if isinstance(example, (int, float, bool)):
-            raise Unsupported(f"scalar graph input {node.name} (dynamic scalars are not supported yet)")
+            raise EmberError("lower", "scalar graph inputs (dynamic scalars) are not supported yet", node.name)
         return example
     if any(not isinstance(s, int) for s in (*example.shape, *example.stride())):
         raise EmberError("lower", "dynamic shapes are not supported yet; compile with dynamic=False", node.name)
@@ -122,19 +122,27 @@ def _lower_outputs(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> list
     results, _ = tree_flatten(node.args[0])
     outputs, realized = [], {}
     for result in results:
-        if not isinstance(result, torch.fx.Node):
-            outputs.append(OutputSpec(None, result))
-            continue
-        value = env[result]
+        value = env[result] if isinstance(result, torch.fx.Node) else result
         if not isinstance(value, TensorValue):
             outputs.append(OutputSpec(None, value))
             continue
         if result not in realized:
-            aliases = _aliases_graph_input(result)
-            layout = None if aliases else _output_layout(result.meta.get("val"), value)
-            realized[result] = ctx.realize(value, result.name, layout, fresh=not aliases)
+            realized[result] = _output_buffer(ctx, result, value, taken={r.name for r in realized.values()})
         outputs.append(OutputSpec(realized[result]))
     return outputs
+
+
+def _output_buffer(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue, taken: set[str]) -> BufferRef:
+    """A view of an input where eager returns one; an intermediate buffer as it is when no
+    other output or input shares it; otherwise a fresh buffer in eager's layout."""
+    if _aliases_graph_input(node):
+        return ctx.realize(value, node.name)
+    read = as_strided_read(value)
+    if read is not None:
+        buffer = ctx.buffers[read[0]]
+        if buffer.kind in ("computed", "extern") and buffer.name not in taken and read[1] == buffer.layout:
+            return BufferRef(buffer.name, buffer.layout, buffer.dtype)
+    return ctx.realize(value, node.name, _output_layout(node.meta.get("val"), value), fresh=True)
 
 
 def _aliases_graph_input(node: torch.fx.Node) -> bool:

@@ -53,7 +53,7 @@ _bc, _bc1, _bm = iconst("c", BOUNDED_INTS), iconst("c1", BOUNDED_INTS), iconst("
 def c_idiv(a: int, b: int) -> int:
     """a / b truncated toward zero, as C's `/`."""
     quotient = abs(a) // abs(b)
-    return a // b
+    return quotient if (a >= 0) == (b > 0) else -quotient
 
 
 def c_mod(a: int, b: int) -> int:

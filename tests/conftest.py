@@ -1,0 +1,20 @@
+import os
+
+import pytest
+
+# Tests run strict: a graph that fails to compile is an error, never a silent eager run.
+os.environ.setdefault("EMBER_STRICT", "1")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_ember(tmp_path_factory, monkeypatch):
+    """Each test session shares one cache dir (so kernels compile once), fresh metrics."""
+    import torch
+
+    import ember
+
+    cache = tmp_path_factory.getbasetemp().parent / "ember-test-cache"
+    monkeypatch.setenv("EMBER_CACHE_DIR", os.environ.get("EMBER_TEST_CACHE_DIR", str(cache)))
+    torch._dynamo.reset()
+    ember.metrics.reset()
+    yield

@@ -1,0 +1,47 @@
+"""One helper for every op and model test: compile with ember, compare with eager.
+
+Float results are compared with eager run on float64-upcast inputs (eager float32 CPU
+kernels are not always deterministic); dtypes and shapes with eager on the inputs as given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+
+def upcast(x):
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        return x.detach().to(torch.float64)
+    return x
+
+
+def compile_fn(fn: Callable) -> Callable:
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="ember", dynamic=False)
+
+
+def check(fn: Callable, *inputs, rtol: float = 1.3e-5, atol: float = 1e-5):
+    """Run `fn` compiled by ember and eagerly; assert they agree. Returns ember's result."""
+    actual = compile_fn(fn)(*inputs)
+    same_dtype = fn(*inputs)
+    upcast_result = fn(*tree_map(upcast, inputs))
+    got, _ = tree_flatten(actual)
+    eager, _ = tree_flatten(same_dtype)
+    precise, _ = tree_flatten(upcast_result)
+    assert len(got) == len(eager), f"{len(got)} outputs, eager gives {len(eager)}"
+    for i, (g, e, p) in enumerate(zip(got, eager, precise)):
+        if not isinstance(e, torch.Tensor):
+            assert g == e, f"output {i}: {g!r}, eager {e!r}"
+            continue
+        assert isinstance(g, torch.Tensor), f"output {i} is a {type(g).__name__}, eager gives a tensor"
+        assert g.shape == e.shape, f"output {i}: shape {tuple(g.shape)}, eager {tuple(e.shape)}"
+        assert g.dtype == e.dtype, f"output {i}: dtype {g.dtype}, eager {e.dtype}"
+        if g.is_floating_point():
+            torch.testing.assert_close(g.double(), p.double(), rtol=rtol, atol=atol, equal_nan=True,
+                                       msg=lambda m, i=i: f"output {i}: {m}")  # fmt: skip
+        else:
+            assert torch.equal(g, e), f"output {i}: values differ from eager\nember: {g}\neager: {e}"
+    return actual

@@ -1,0 +1,105 @@
+"""The foundation's acceptance checks: one kernel for a fused pointwise+view program,
+fallback externs, the code cache across processes, strict mode and eager fallback."""
+
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import ember
+from tests.helpers import check, compile_fn
+
+
+def test_pointwise_view_program_is_one_kernel():
+    f = lambda x, y: ((x.sin() * y.exp() + 1).relu() / (1 + x.abs())).t()[::2]
+    x, y = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    check(f, x, y)
+    assert ember.metrics.kernels_generated == 1
+    assert ember.metrics.fallback_calls == 0
+
+
+def test_op_without_lowering_runs_through_fallback():
+    def f(x):
+        values, indices = torch.sort(x, dim=-1)
+        return values * 2, indices
+
+    check(f, torch.randn(6, 9))
+    assert ember.metrics.fallback_ops["aten.sort.default"] == 1
+    assert ember.metrics.kernels_generated == 1
+
+
+def test_view_of_input_comes_back_as_view():
+    x = torch.randn(4, 5)
+    out = compile_fn(lambda x: x.t())(x)
+    assert out.data_ptr() == x.data_ptr() and out.stride() == (1, 5)
+
+
+def test_clone_of_input_is_a_new_tensor():
+    x = torch.randn(4, 5)
+    out = compile_fn(lambda x: x.clone())(x)
+    assert out.data_ptr() != x.data_ptr()
+    assert torch.equal(out, x)
+
+
+def test_output_layout_follows_eager_when_dense():
+    x = torch.randn(8, 6).t()
+    out = compile_fn(lambda x: x * 2)(x)
+    assert out.stride() == (x * 2).stride()
+
+
+def test_second_process_hits_code_cache(tmp_path):
+    script = (
+        "import torch, ember\n"
+        "f = torch.compile(lambda x: (x * 3).cos() + 1, backend='ember')\n"
+        "f(torch.ones(64, 64))\n"
+        "print(ember.metrics.code_cache_hits, ember.metrics.code_cache_misses)\n"
+    )
+    env = {**os.environ, "EMBER_CACHE_DIR": str(tmp_path / "cache")}
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert first.stdout.split() == ["0", "1"]
+    assert second.stdout.split() == ["1", "0"]
+
+
+def test_strict_mode_raises_with_stage(monkeypatch):
+    monkeypatch.setenv("EMBER_CXX", "/nonexistent/compiler")
+    with pytest.raises(Exception, match="stage 'runtime'"):
+        compile_fn(lambda x: x + 1)(torch.ones(3))
+
+
+def test_failure_falls_back_to_eager_with_one_warning(monkeypatch):
+    monkeypatch.setenv("EMBER_CXX", "/nonexistent/compiler")
+    monkeypatch.setenv("EMBER_STRICT", "0")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compile_fn(lambda x: x + 1)(torch.ones(3))
+    assert torch.equal(out, torch.full((3,), 2.0))
+    messages = [str(w.message) for w in caught if "ember" in str(w.message)]
+    assert len(messages) == 1 and "stage 'runtime'" in messages[0]
+    assert ember.metrics.graphs_failed == 1
+
+
+def test_debug_dump(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EMBER_DEBUG", "1")
+    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path / "dbg"))
+    compile_fn(lambda x: x.exp() + 1)(torch.ones(5))
+    (graph_dir,) = list((tmp_path / "dbg").iterdir())
+    for name in ("fx_graph.txt", "ir.txt", "wrapper.py", "timings.txt"):
+        assert (graph_dir / name).read_text()
+    assert len(list((graph_dir / "kernels").glob("*.cpp"))) == 1
+    assert str(graph_dir.resolve()) in capsys.readouterr().err
+
+
+def test_ember_compile_rejects_unknown_option():
+    with pytest.raises(TypeError, match="unknown ember option"):
+        ember.compile(lambda x: x, not_an_option=1)
+
+
+def test_ember_compile_module():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(ember.compile(model)(x), model(x))
