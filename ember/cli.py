@@ -1,5 +1,40 @@
-"""ember command line; see `ember --help`."""
+"""The `ember` command: demo, cache management.
+
+    ember demo           compile a built-in program, show its kernel and wrapper, time it
+    ember cache clear    remove the on-disk cache (EMBER_CACHE_DIR or ~/.cache/ember)
+    ember cache info     where the cache is and how big
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
 
 
-def main() -> None:
-    print("ember: the command line arrives with the demo")
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="ember", description="ember, a deep-learning compiler for PyTorch")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("demo", help="compile a built-in program and compare it with eager")
+    cache = commands.add_parser("cache", help="manage the on-disk cache")
+    cache.add_argument("action", choices=["clear", "info"])
+    args = parser.parse_args(argv)
+
+    if args.command == "demo":
+        from ember.demo import main as demo
+
+        demo()
+    elif args.command == "cache":
+        from ember.config import load
+
+        folder = Path(load().cache_dir)
+        if args.action == "clear":
+            shutil.rmtree(folder, ignore_errors=True)
+            print(f"removed {folder}")
+        else:
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.exists() else 0
+            print(f"{folder}: {size / 1e6:.1f} MB")
+
+
+if __name__ == "__main__":
+    main()

@@ -22,6 +22,9 @@ def linearize(sink: UOp) -> list[UOp]:
     return _Linearizer(sink).run()
 
 
+STATEFUL = frozenset({Ops.DEFINE_ACC, Ops.ACC_UPDATE, Ops.STORE})
+
+
 def _trivial(u: UOp) -> bool:
     """Values the renderer writes inline, never as statements."""
     return u.op in (Ops.CONST, Ops.BUFFER, Ops.RANGE)
@@ -96,9 +99,12 @@ class _Linearizer:
         """Place `u` in its loop stack; sources that died with a closed loop are recomputed."""
         self.move_to(self.stacks[u])
         for s in u.src:
-            if not _trivial(s) and s not in self.live:
-                self.emit(s)
-                self.move_to(self.stacks[u])
+            if _trivial(s) or s in self.live or s.op is Ops.ACC_UPDATE:  # an update is done, not a value
+                continue
+            if s.op in STATEFUL:
+                raise RuntimeError(f"linearize: {s.op.name} would be emitted twice")
+            self.emit(s)
+            self.move_to(self.stacks[u])
         self.program.append(u)
         self.live.add(u)
         self.blocks[-1].add(u)

@@ -13,16 +13,40 @@ from __future__ import annotations
 import itertools
 
 from ember.uop.dtypes import DType
-from ember.uop.ops import AccArg, Ops, RangeArg, UOp, substitute
+from ember.uop.ops import AccArg, Ops, RangeArg, UOp, normalize_const, substitute
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from ember.uop.symbolic import pm_symbolic
 
 
 def full_rewrite(sink: UOp) -> UOp:
     sink = graph_rewrite(sink, pm_symbolic)  # early
+    sink = graph_rewrite(sink, pm_unique_reduce_ranges, ctx={})  # early
     sink = order_loops(sink)  # optimize
     sink = graph_rewrite(sink, pm_lower_reduce, ctx=itertools.count())  # lower
+    sink = graph_rewrite(sink, pm_symbolic)  # lower: fold what reduce lowering exposed
     return sink
+
+
+# ---- early: every REDUCE owns its ranges ------------------------------------------------
+
+
+def give_fresh_ranges(ctx: dict[UOp, UOp], red: UOp) -> UOp | None:
+    """The linearizer places a reduce range by the one REDUCE it belongs to. A reduction
+    read at two positions in one kernel is two REDUCEs over the same ranges: copy them."""
+    ranges = red.src[1:]
+    if all(ctx.setdefault(r, red) is red for r in ranges):
+        return None
+    fresh = {r: UOp.range(r.src[0].arg, r.arg.axis + (len(ctx) + 1) * FRESH_AXIS_STRIDE, reduce=True) for r in ranges}
+    return UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], fresh), *fresh.values()), red.arg)
+
+
+FRESH_AXIS_STRIDE = 1 << 30
+
+pm_unique_reduce_ranges = PatternMatcher(
+    [
+        (UPat(Ops.REDUCE, name="red"), give_fresh_ranges),  # REDUCE over claimed ranges -> REDUCE over copies
+    ]
+)
 
 
 # ---- optimize: loop order --------------------------------------------------------------
@@ -87,7 +111,7 @@ def lower_reduce(ctx: itertools.count, red: UOp) -> UOp:
     """REDUCE(value, *ranges) -> ACC_READ(acc, ACC_UPDATE(acc, value, *ranges)), where the
     accumulator is declared in the scope of the result (so it restarts for each output)."""
     value, reduce_ranges = red.src[0], red.src[1:]
-    arg = AccArg(red.arg, reduce_identity(red.arg, red.dtype), next(ctx))
+    arg = AccArg(red.arg, normalize_const(red.dtype, reduce_identity(red.arg, red.dtype)), next(ctx))
     outer = tuple(sorted(red.ranges, key=lambda r: r.arg.axis))
     acc = UOp(Ops.DEFINE_ACC, red.dtype, outer, arg)
     update = UOp(Ops.ACC_UPDATE, red.dtype, (acc, value, *reduce_ranges))

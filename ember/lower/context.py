@@ -11,6 +11,11 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ember.ir import Buffer, BufferRef, ComputedBuffer, ExternCall, Layout, LoweredGraph
 from ember.lower.values import TensorValue, as_strided_read, load
 from ember.uop.dtypes import from_torch
+from ember.uop.ops import UOp
+
+# Reduce loops nest inside every output loop; numbering them past any output axis keeps
+# loop order well defined before codegen renumbers them.
+REDUCE_AXIS_BASE = 1 << 20
 
 
 @dataclass
@@ -23,6 +28,11 @@ class LoweringContext:
     def new_name(self, prefix: str = "buf") -> str:
         self._counter += 1
         return f"{prefix}{self._counter - 1}"
+
+    def reduce_range(self, size: int) -> UOp:
+        """A fresh reduction loop variable; reductions never share one (codegen relies on it)."""
+        self._counter += 1
+        return UOp.range(size, REDUCE_AXIS_BASE + self._counter, reduce=True)
 
     def add_buffer(self, buffer: Buffer) -> Buffer:
         self.buffers[buffer.name] = buffer

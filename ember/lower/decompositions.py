@@ -10,16 +10,28 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch._decomp import core_aten_decompositions
+from torch._decomp import core_aten_decompositions, get_decompositions
 
 aten = torch.ops.aten
 
 LOWERED_DIRECTLY = [aten.gelu, aten.hardtanh]
 
+# Core aten ops that are composites of reductions and pointwise ops ember lowers.
+EXTRA = [
+    aten._softmax, aten._log_softmax, aten._softmax_backward_data, aten._log_softmax_backward_data,
+    aten.native_layer_norm, aten.native_layer_norm_backward, aten.native_group_norm,
+    aten.native_group_norm_backward, aten.native_batch_norm, aten._native_batch_norm_legit,
+    aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit_functional,
+    aten.native_batch_norm_backward, aten.nll_loss_forward, aten.nll_loss_backward,
+    aten.gelu_backward, aten.sigmoid_backward, aten.tanh_backward, aten.threshold_backward,
+    aten.log_sigmoid_forward, aten.mse_loss, aten.mse_loss_backward, aten.rms_norm,
+]  # fmt: skip
+
 
 @functools.lru_cache(maxsize=1)
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
+    table.update(get_decompositions(EXTRA))
     for packet in LOWERED_DIRECTLY:
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)

@@ -22,6 +22,7 @@ from ember.lower.context import LoweringContext
 from ember.lower.registry import Unsupported, lookup
 from ember.lower.values import TensorValue, as_strided_read, load
 from ember.uop.dtypes import from_torch, is_kernel_dtype
+from ember.uop.ops import Ops
 
 # Inductor's `realize_opcount_threshold` plays the same role; above it, reuse beats recompute.
 REUSE_OPCOUNT = 30
@@ -93,6 +94,8 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
         value = ctx.extern(node.target, args, kwargs, node.meta.get("val"), node.name, fallback=True)
     if isinstance(value, TensorValue):
         value = _maybe_realize(ctx, node, value)
+    elif isinstance(value, tuple):
+        value = tuple(_maybe_realize(ctx, node, v) if isinstance(v, TensorValue) else v for v in value)
     return value
 
 
@@ -112,7 +115,11 @@ def _kernel_dtypes_only(node: torch.fx.Node, args: tuple, kwargs: dict) -> bool:
 
 def _maybe_realize(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue) -> TensorValue:
     """Note: when a value is realized (see the module docstring)."""
-    opcount = sum(1 for u in value.body.toposort if u.dtype.kind != "index")
+    nodes = value.body.toposort
+    if any(u.op is Ops.REDUCE for u in nodes):
+        # inlined into a consumer with more loops, a reduction would be recomputed per element
+        return ctx.realized(value, node.name)
+    opcount = sum(1 for u in nodes if u.dtype.kind != "index")
     if opcount > MAX_INLINE_OPCOUNT or (len(node.users) > 1 and opcount > REUSE_OPCOUNT):
         return ctx.realized(value, node.name)
     return value

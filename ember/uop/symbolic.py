@@ -174,7 +174,7 @@ def compare_by_bounds(u: UOp, x: UOp, y: UOp) -> UOp | None:
 
 def max_min_by_bounds(u: UOp, x: UOp, y: UOp) -> UOp | None:
     """max(x, y) -> x when x >= y for all their values; min(x, y) -> x when x <= y (y is tried by commuting)."""
-    x_wins = x.vmin >= y.vmax if u.op is Ops.MAX else x.vmax <= y.vmin
+    x_wins = x.vmin >= y.vmin if u.op is Ops.MAX else x.vmax <= y.vmin
     return x if x_wins else None
 
 

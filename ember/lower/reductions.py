@@ -1,0 +1,235 @@
+"""Lowerings of reductions: sum, mean, prod, amax/amin, max/min with indices, argmax/argmin,
+var/std (any correction), any/all, vector norms.
+
+A reduction's body is `REDUCE(value, *ranges)` where the ranges are fresh reduce loop
+variables substituted for the reduced axes of the input. Results are realized (see
+graph.py) so consumers read them from memory; the scheduler may later fuse them back.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx
+
+from ember.lower.context import LoweringContext
+from ember.lower.pointwise import out_meta
+from ember.lower.registry import Unsupported, register
+from ember.lower.values import TensorValue, axis, const_index
+from ember.uop.dtypes import DType, dtypes, from_torch
+from ember.uop.ops import Ops, UOp
+
+aten = torch.ops.aten
+
+
+def reduced_dims(x: TensorValue, dims) -> list[int]:
+    """`dims` normalized; None or [] mean every dim, as in aten."""
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(x.ndim))
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return sorted({d % max(x.ndim, 1) for d in dims})
+
+
+def reduce(ctx: LoweringContext, x: TensorValue, dims: list[int], keepdim: bool, combine: Ops, acc: DType,
+           value=None) -> TensorValue:  # fmt: skip
+    """REDUCE of `value(element)` (default: the element cast to `acc`) over `dims` of `x`.
+    `value` also receives, for every dim of `x`, its index in the reduction (a reduce range
+    for a reduced dim, an output axis otherwise), to read values aligned with the element."""
+    ranges, old_axes, out_shape, out_axis = [], [], [], 0
+    for d, size in enumerate(x.shape):
+        if d in dims:
+            if size == 1:
+                old_axes.append(const_index(0))
+            else:
+                ranges.append(ctx.reduce_range(size))
+                old_axes.append(ranges[-1])
+            if keepdim:
+                out_shape.append(1)
+                out_axis += 1
+        else:
+            old_axes.append(axis(out_axis))
+            out_shape.append(size)
+            out_axis += 1
+    element = x.reindex(tuple(out_shape), old_axes).body
+    body = value(element, old_axes) if value is not None else element.cast(acc)
+    if ranges:
+        body = UOp(Ops.REDUCE, body.dtype, (body, *ranges), combine)
+    return TensorValue(tuple(out_shape), body.dtype, body)
+
+
+def count(x: TensorValue, dims: list[int]) -> int:
+    return math.prod(x.shape[d] for d in dims)
+
+
+def accumulator(dtype: DType) -> DType:
+    """Float sums accumulate in double: an exact-enough sequential sum; integers in int64."""
+    if dtype.is_float:
+        return dtypes.float64
+    return dtypes.int64
+
+
+def result_dtype(node: torch.fx.Node) -> DType:
+    return from_torch(out_meta(node).dtype)
+
+
+@register(aten.sum.dim_IntList, aten.sum.default)
+def lower_sum(ctx, node, x: TensorValue, dims=None, keepdim=False, *, dtype=None) -> TensorValue:
+    out = result_dtype(node)
+    total = reduce(ctx, x, reduced_dims(x, dims), keepdim, Ops.ADD, accumulator(out))
+    return total.with_body(total.body.cast(out))
+
+
+@register(aten.mean.dim, aten.mean.default)
+def lower_mean(ctx, node, x: TensorValue, dims=None, keepdim=False, *, dtype=None) -> TensorValue:
+    out = result_dtype(node)
+    dims = reduced_dims(x, dims)
+    total = reduce(ctx, x, dims, keepdim, Ops.ADD, accumulator(out))
+    mean = total.body.alu(Ops.FDIV, UOp.const(total.dtype, count(x, dims)))
+    return total.with_body(mean.cast(out))
+
+
+@register(aten.prod.dim_int, aten.prod.default)
+def lower_prod(ctx, node, x: TensorValue, dim=None, keepdim=False, *, dtype=None) -> TensorValue:
+    out = result_dtype(node)
+    total = reduce(ctx, x, reduced_dims(x, dim), keepdim, Ops.MUL, out if out.is_float else dtypes.int64)
+    return total.with_body(total.body.cast(out))
+
+
+@register(aten.amax.default, aten.amin.default)
+def lower_amax_amin(ctx, node, x: TensorValue, dims=(), keepdim=False) -> TensorValue:
+    if x.numel == 0:
+        raise Unsupported("amax/amin of an empty tensor raises in eager")
+    combine = Ops.MAX if node.target is aten.amax.default else Ops.MIN
+    return reduce(ctx, x, reduced_dims(x, dims), keepdim, combine, x.dtype)
+
+
+@register(aten.any.dim, aten.any.dims, aten.any.default, aten.all.dim, aten.all.dims, aten.all.default)
+def lower_any_all(ctx, node, x: TensorValue, dims=None, keepdim=False) -> TensorValue:
+    combine = Ops.MAX if node.target.overloadpacket is aten.any else Ops.MIN
+    out = result_dtype(node)
+    found = reduce(ctx, x, reduced_dims(x, dims), keepdim, combine, dtypes.bool)
+    return found.with_body(found.body.cast(out))
+
+
+def arg_extreme(ctx, x: TensorValue, dim: int, keepdim: bool, combine: Ops) -> TensorValue:
+    """The first index of the max (min) along `dim`; the first NaN wins, as in eager."""
+    extreme = reduce(ctx, x, [dim], True, combine, x.dtype)
+    size = x.shape[dim]
+
+    def first_hit(element: UOp, index: list[UOp]) -> UOp:
+        hit = element.alu(Ops.CMPEQ, read_keepdim(extreme, index, [dim]))
+        if element.dtype.is_float:
+            hit = hit.alu(Ops.OR, element.alu(Ops.ISNAN))
+        return hit.where(index[dim].cast(dtypes.int64), UOp.const(dtypes.int64, size))
+
+    return reduce(ctx, x, [dim], keepdim, Ops.MIN, dtypes.int64, value=first_hit)
+
+
+def read_keepdim(reduced: TensorValue, index: list[UOp], dims: list[int]) -> UOp:
+    """A keepdim=True reduction result read at `index` (an index per input dim)."""
+    return reduced.reindex(reduced.shape, [const_index(0) if d in dims else i for d, i in enumerate(index)]).body
+
+
+@register(aten.argmax.default, aten.argmin.default)
+def lower_argmax(ctx, node, x: TensorValue, dim=None, keepdim=False) -> TensorValue:
+    if x.numel == 0:
+        raise Unsupported("argmax/argmin of an empty tensor raises in eager")
+    combine = Ops.MAX if node.target is aten.argmax.default else Ops.MIN
+    if dim is None:
+        flat = x.reindex((x.numel,), _flat_axes(x)) if x.ndim != 1 else x
+        result = arg_extreme(ctx, flat, 0, False, combine)
+        return result if not keepdim else result.reindex((1,) * x.ndim, [])
+    return arg_extreme(ctx, x, dim % max(x.ndim, 1), keepdim, combine)
+
+
+def _flat_axes(x: TensorValue) -> list[UOp]:
+    strides, running = [], 1
+    for s in reversed(x.shape):
+        strides.append(running)
+        running *= s
+    return [(axis(0) // st) % sz for sz, st in zip(x.shape, reversed(strides))]
+
+
+@register(aten.max.dim, aten.min.dim)
+def lower_max_dim(ctx, node, x: TensorValue, dim: int, keepdim=False) -> tuple[TensorValue, TensorValue]:
+    if x.numel == 0:
+        raise Unsupported("max/min of an empty tensor raises in eager")
+    combine = Ops.MAX if node.target is aten.max.dim else Ops.MIN
+    dim = dim % max(x.ndim, 1)
+    values = reduce(ctx, x, [dim], keepdim, combine, x.dtype)
+    return values, arg_extreme(ctx, x, dim, keepdim, combine)
+
+
+@register(aten.max.default, aten.min.default)
+def lower_max_all(ctx, node, x: TensorValue) -> TensorValue:
+    if x.numel == 0:
+        raise Unsupported("max/min of an empty tensor raises in eager")
+    combine = Ops.MAX if node.target is aten.max.default else Ops.MIN
+    return reduce(ctx, x, reduced_dims(x, None), False, combine, x.dtype)
+
+
+def variance(ctx, x: TensorValue, dims: list[int], correction: float, keepdim: bool) -> tuple[UOp, TensorValue]:
+    """Two passes (mean, then squared deviations): as accurate as eager's Welford."""
+    n = count(x, dims)
+    mean = reduce(ctx, x, dims, True, Ops.ADD, dtypes.float64)
+    mean_body = mean.body.alu(Ops.FDIV, UOp.const(dtypes.float64, n))
+    mean_value = mean.with_body(mean_body)
+
+    def squared_deviation(element: UOp, index: list[UOp]) -> UOp:
+        centered = element.cast(dtypes.float64) - read_keepdim(mean_value, index, dims)
+        return centered * centered
+
+    total = reduce(ctx, x, dims, keepdim, Ops.ADD, dtypes.float64, value=squared_deviation)
+    var = total.body.alu(Ops.FDIV, UOp.const(dtypes.float64, max(n - correction, 0)))
+    mean_out = mean_value if keepdim else mean_value.reindex(total.shape, _squeeze_axes(mean_value.shape, dims))
+    return var, TensorValue(total.shape, dtypes.float64, mean_out.body)
+
+
+def _squeeze_axes(shape: tuple[int, ...], dims: list[int]) -> list[UOp]:
+    old_axes, out_axis = [], 0
+    for d in range(len(shape)):
+        if d in dims:
+            old_axes.append(const_index(0))
+        else:
+            old_axes.append(axis(out_axis))
+            out_axis += 1
+    return old_axes
+
+
+@register(aten.var.correction, aten.var_mean.correction, aten.std.correction, aten.std_mean.correction)
+def lower_var(ctx, node, x: TensorValue, dims=None, *, correction=None, keepdim=False):
+    if not x.dtype.is_float:
+        raise Unsupported("var/std of integers")
+    dims = reduced_dims(x, dims)
+    var, mean = variance(ctx, x, dims, 1 if correction is None else correction, keepdim)
+    packet = node.target.overloadpacket
+    if packet in (aten.std, aten.std_mean):
+        var = var.alu(Ops.SQRT)
+    out = from_torch(node.meta["val"][0].dtype if isinstance(node.meta["val"], tuple) else node.meta["val"].dtype)
+    result = TensorValue(mean.shape, out, var.cast(out))
+    if packet in (aten.var_mean, aten.std_mean):
+        return result, TensorValue(mean.shape, out, mean.body.cast(out))
+    return result
+
+
+@register(aten.linalg_vector_norm.default)
+def lower_vector_norm(ctx, node, x: TensorValue, ord=2, dims=None, keepdim=False, *, dtype=None) -> TensorValue:
+    out = result_dtype(node)
+    dims = reduced_dims(x, dims)
+    acc = dtypes.float64
+    if ord in (math.inf, -math.inf):
+        if x.numel == 0:
+            raise Unsupported("inf-norm of an empty tensor raises in eager")
+        norm = reduce(ctx, x, dims, keepdim, Ops.MAX if ord > 0 else Ops.MIN, acc,
+                      value=lambda e, _: e.cast(acc).alu(Ops.ABS))  # fmt: skip
+        return norm.with_body(norm.body.cast(out))
+    if ord == 0:
+        norm = reduce(ctx, x, dims, keepdim, Ops.ADD, acc,
+                      value=lambda e, _: e.alu(Ops.CMPNE, e.const_like(0)).cast(acc))  # fmt: skip
+        return norm.with_body(norm.body.cast(out))
+    p = float(ord)
+    powered = lambda e, _: e.cast(acc).alu(Ops.ABS).alu(Ops.POW, UOp.const(acc, p))  # noqa: E731
+    total = reduce(ctx, x, dims, keepdim, Ops.ADD, acc, value=powered)
+    root = total.body.alu(Ops.SQRT) if p == 2 else total.body.alu(Ops.POW, UOp.const(acc, 1 / p))
+    return total.with_body(root.cast(out))

@@ -1,0 +1,111 @@
+"""Reductions against eager: every reduction over several dims, keepdim, full reductions,
+non-contiguous, broadcast, empty and NaN-holding inputs, and the composites built from them."""
+
+import math
+
+import pytest
+import torch
+
+import ember
+from tests.helpers import check
+
+
+def inputs():
+    torch.manual_seed(0)
+    base = torch.randn(7, 12, 5)
+    with_nan = base.clone()
+    with_nan[2, 3, 1] = math.nan
+    with_inf = base.clone()
+    with_inf[1, :, 2] = math.inf
+    return {
+        "contiguous": base,
+        "transposed": base.transpose(0, 2),
+        "sliced": torch.randn(7, 24, 5)[:, ::2],
+        "broadcast": torch.randn(7, 1, 5).expand(7, 12, 5),
+        "nan": with_nan,
+        "inf": with_inf,
+    }
+
+
+INPUTS = inputs()
+
+
+@pytest.mark.parametrize("name", list(INPUTS))
+def test_sum_mean_amax_amin_prod(name):
+    x = INPUTS[name]
+    check(lambda x: (x.sum(1), x.sum((0, 2), keepdim=True), x.sum(), x.mean(-1), x.mean((0, 1))), x)
+    check(lambda x: (x.amax(1), x.amin((0, 2), keepdim=True), x.amax(), x.prod(2)), x, rtol=1e-4)
+    assert ember.metrics.fallback_calls == 0
+
+
+@pytest.mark.parametrize("name", list(INPUTS))
+def test_arg_and_indexed_extremes(name):
+    x = INPUTS[name]
+    check(lambda x: (x.argmax(1), x.argmin(0, keepdim=True), x.argmax(), x.max(2), x.min(1, keepdim=True)), x)
+    assert ember.metrics.fallback_calls == 0
+
+
+@pytest.mark.parametrize("name", ["contiguous", "transposed", "nan", "broadcast"])
+@pytest.mark.parametrize("correction", [0, 1, 2])
+def test_var_std(name, correction):
+    x = INPUTS[name]
+    check(
+        lambda x: (
+            x.var(1, correction=correction),
+            x.std((0, 2), correction=correction, keepdim=True),
+            torch.var_mean(x, -1, correction=correction),
+            torch.std_mean(x, correction=correction),
+        ),
+        x,
+    )
+    assert ember.metrics.fallback_calls == 0
+
+
+def test_var_of_one_element_is_nan_like_eager():
+    check(lambda x: (x.var(0), x.std(1)), torch.randn(1, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool])
+def test_integer_and_bool_reductions(dtype):
+    x = torch.randint(-3, 4, (6, 9)).to(dtype)
+    check(lambda x: (x.sum(1), x.sum(), x.amax(0), x.amin(1), x.any(1), x.all(0)), x)
+    if dtype != torch.bool:  # eager rejects argmax and prod... of bool
+        check(lambda x: (x.prod(1), x.argmax(1), x.argmin()), x)
+
+
+def test_any_all_float():
+    x = torch.tensor([[0.0, 1.0, math.nan], [0.0, 0.0, 0.0]])
+    check(lambda x: (x.any(1), x.all(1), x.any(), x.all()), x)
+
+
+@pytest.mark.parametrize("ord", [1, 2, 3, 0, math.inf, -math.inf])
+def test_vector_norm(ord):
+    x = INPUTS["contiguous"]
+    check(lambda x: (torch.linalg.vector_norm(x, ord, dim=1), torch.linalg.vector_norm(x, ord)), x, rtol=1e-4)
+
+
+def test_empty_reductions():
+    x = torch.randn(0, 4)
+    check(lambda x: (x.sum(0), x.sum(1), x.mean(0), x.prod(0), x.any(0), x.all(0)), x)
+
+
+def test_zero_dim_reductions():
+    x = torch.tensor(2.5)
+    check(lambda x: (x.sum(), x.mean(), x.amax(), x.argmax()), x)
+
+
+def test_composites():
+    x = torch.randn(16, 40)
+    check(lambda x: (x.softmax(-1), x.log_softmax(0), x.logsumexp(1)), x)
+    check(lambda x: torch.nn.functional.layer_norm(x, (40,)), x)
+    check(lambda x: torch.nn.functional.rms_norm(x, (40,)), x)
+    assert ember.metrics.fallback_calls == 0
+
+
+def test_reduction_read_at_two_positions_in_one_kernel():
+    check(lambda x: x.sum(1)[:, None] + x.sum(1)[None, :], torch.randn(16, 16))
+
+
+def test_large_reduction_accuracy():
+    x = torch.rand(3_000_000) + 1000
+    check(lambda x: (x.sum(), x.mean()), x)
