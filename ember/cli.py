@@ -1,8 +1,8 @@
 """The `ember` command: demo, cache management.
 
-    ember demo           compile a built-in program, show its kernel and wrapper, time it
-    ember cache clear    remove the on-disk cache (EMBER_CACHE_DIR or ~/.cache/ember)
-    ember cache info     where the cache is and how big
+ember demo           compile a built-in program, show its kernel and wrapper, time it
+ember cache clear    remove the on-disk cache (EMBER_CACHE_DIR or ~/.cache/ember)
+ember cache info     where the cache is and how big
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """compile_graph: one aten FX graph -> a callable, through every stage in order.
 
-    lower     aten FX graph -> LoweredGraph (computed buffers with UOp bodies, externs)
-    schedule  -> kernels and extern calls in order
-    codegen   each kernel -> UOp AST -> rewrite phases -> linearized program
-    render    -> C++ source
-    runtime   -> gcc (in parallel, cached on disk) -> loaded kernels
-    wrapper   -> Python `call(args)`, written to the cache and imported
+lower     aten FX graph -> LoweredGraph (computed buffers with UOp bodies, externs)
+schedule  -> kernels and extern calls in order
+codegen   each kernel -> UOp AST -> rewrite phases -> linearized program
+render    -> C++ source
+runtime   -> gcc (in parallel, cached on disk) -> loaded kernels
+wrapper   -> Python `call(args)`, written to the cache and imported
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Counters of what ember did, for tests and for users asking "what happened?".
 
-    import ember
-    ember.metrics.reset()
-    ...compile and run...
-    ember.metrics.kernels_generated, ember.metrics.fallback_ops
+import ember
+ember.metrics.reset()
+...compile and run...
+ember.metrics.kernels_generated, ember.metrics.fallback_ops
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """EMBER_DEBUG=1: each compiled graph's stages, dumped into a folder a user can read.
 
-    <debug_dir>/graph_<hash>/fx_graph.txt     the aten graph ember received
-                             ir.txt           buffers, their UOp bodies, extern calls
-                             kernels/*.cpp    each kernel's source
-                             wrapper.py       the generated wrapper
-                             timings.txt      seconds per stage
+<debug_dir>/graph_<hash>/fx_graph.txt     the aten graph ember received
+                         ir.txt           buffers, their UOp bodies, extern calls
+                         kernels/*.cpp    each kernel's source
+                         wrapper.py       the generated wrapper
+                         timings.txt      seconds per stage
 """
 
 from __future__ import annotations

@@ -28,6 +28,14 @@ from ember.uop.ops import Ops
 REUSE_OPCOUNT = 30
 MAX_INLINE_OPCOUNT = 400
 
+# Ops that call aten by design (BLAS, oneDNN, flash attention): not counted as fallbacks.
+EXTERN_KERNELS = {
+    torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm,
+    torch.ops.aten.convolution, torch.ops.aten.convolution_backward,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward,
+}  # fmt: skip
+
 VIEW_OPS = {
     torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default,
     torch.ops.aten.permute.default, torch.ops.aten.t.default, torch.ops.aten.transpose.int,
@@ -91,7 +99,8 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
         except Exception as e:
             raise EmberError("lower", f"{type(e).__name__}: {e}", f"{node.target} ({node.name})") from e
     if value is None:
-        value = ctx.extern(node.target, args, kwargs, node.meta.get("val"), node.name, fallback=True)
+        fallback = getattr(node.target, "overloadpacket", node.target) not in EXTERN_KERNELS
+        value = ctx.extern(node.target, args, kwargs, node.meta.get("val"), node.name, fallback=fallback)
     if isinstance(value, TensorValue):
         value = _maybe_realize(ctx, node, value)
     elif isinstance(value, tuple):

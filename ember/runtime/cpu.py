@@ -20,7 +20,7 @@ from ember.runtime.cache import content_hash, entry_path, temp_path_beside, writ
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-w")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiler_identity(compiler: str) -> str:
     try:
         return subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout

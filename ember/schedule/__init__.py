@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch.utils._pytree import tree_flatten
+
 from ember.ir import BufferRef, ComputedBuffer, ExternCall, LoweredGraph
 from ember.uop.ops import Ops
-from torch.utils._pytree import tree_flatten
 
 
 @dataclass

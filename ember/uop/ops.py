@@ -150,7 +150,7 @@ class UOp(metaclass=_UOpMeta):
 
     __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
 
-    def __init__(self, op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any):
+    def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
 
     def __reduce__(self):

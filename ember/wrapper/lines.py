@@ -57,7 +57,8 @@ class ExternCall:
     def render(self) -> str:
         if self.single:
             out = self.outputs[0]
-            return f"{out.name} = ensure_layout({self.target}({self.call_args}), {out.layout.size}, {out.layout.stride})"
+            call = f"{self.target}({self.call_args})"
+            return f"{out.name} = ensure_layout({call}, {out.layout.size}, {out.layout.stride})"
         tmp = f"{self.outputs[0].name}_result" if self.outputs else "_"
         return f"{tmp} = tree_leaves({self.target}({self.call_args}))"
 

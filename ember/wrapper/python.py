@@ -143,4 +143,3 @@ def load_wrapper(wrapper: WrapperSource, constants: dict[str, Any], cache_dir: P
     spec.loader.exec_module(module)
     sys.modules.setdefault(module_name, module)
     return module.call, path
-

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from torch.utils._pytree import tree_leaves
 
 from ember.runtime.cpu import load_kernel
