@@ -24,7 +24,7 @@ from ember.codegen.kernel import build_kernel_ast
 from ember.codegen.linearize import linearize
 from ember.codegen.phases import full_rewrite
 from ember.config import Config
-from ember.debug.log import DebugDump, describe_ir
+from ember.debug.log import DebugDump, describe_fusion, describe_ir
 from ember.errors import EmberError
 from ember.lower import lower_graph
 from ember.metrics import metrics
@@ -57,7 +57,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
         graph, lowering = lower_graph(gm, example_inputs)
     debug.write("ir.txt", describe_ir(graph))
     with stage("schedule", timings):
-        steps = schedule(graph)
+        scheduled = schedule(graph, fusion=config.fusion)
+        steps = scheduled.steps
+    debug.write("fusion.txt", describe_fusion(scheduled))
     with stage("codegen", timings):
         rendered = {i: codegen_kernel(s, config) for i, s in enumerate(steps) if isinstance(s, KernelStep)}
     for kernel, _ in rendered.values():
@@ -71,6 +73,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
     debug.write("timings.txt", "".join(f"{k:10s} {v:.4f}s\n" for k, v in timings.items()))
     metrics.graphs_compiled += 1
     metrics.kernels_generated += len(rendered)
+    metrics.fusions += scheduled.fusions
+    metrics.fusion_refusals += len(scheduled.refusals)
     metrics.extern_calls += sum(1 for s in steps if not isinstance(s, KernelStep))
     metrics.fallback_calls += len(lowering.fallback_ops)
     metrics.fallback_ops.update(lowering.fallback_ops)
@@ -82,7 +86,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
 def codegen_kernel(step: KernelStep, config: Config) -> tuple[RenderedKernel, tuple[str, ...]]:
     """One kernel: AST, rewrite phases, linearize, render. Names the op when it fails."""
     try:
-        ast = build_kernel_ast(step.group)
+        ast = build_kernel_ast(step.group, step.stored)
         sink = full_rewrite(ast.sink)
         program = linearize(sink)
         return render(f"kernel_{sink.key[:16]}", program, ast.outputs, config.parallel_threshold), ast.params

@@ -26,6 +26,7 @@ class Config:
     cxx: str = _flag("g++", "EMBER_CXX", True, "the C++ compiler for CPU kernels")
     parallel_threshold: int = _flag(32768, "EMBER_PARALLEL_THRESHOLD", True,
                                     "loop nests with fewer iterations run on one thread")  # fmt: skip
+    fusion: bool = _flag(True, "EMBER_FUSION", True, "let the scheduler fuse computed buffers into kernels")
     compile_threads: int = _flag(8, "EMBER_COMPILE_THREADS", False, "kernels compiled in parallel")
 
     def cache_key(self) -> str:

@@ -17,6 +17,8 @@ class Metrics:
     graphs_compiled: int = 0
     graphs_failed: int = 0  # fell back to eager
     kernels_generated: int = 0
+    fusions: int = 0  # pairs of groups merged by the scheduler
+    fusion_refusals: int = 0
     extern_calls: int = 0  # all aten calls in wrappers (fallbacks included)
     fallback_calls: int = 0  # aten calls for ops ember has no lowering for
     fallback_ops: Counter = field(default_factory=Counter)

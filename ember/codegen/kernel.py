@@ -1,8 +1,9 @@
-"""Stage `codegen`, step 1: a group of computed buffers -> one kernel AST.
+"""Stage `codegen`, step 1: a fused group of computed buffers -> one kernel AST.
 
-The AST is `SINK(STORE(INDEX(out, idx), value), …)` over RANGEs, with every buffer renamed
-to a positional parameter (p0, p1, …) so that identical computations in different graphs
-have identical ASTs, identical source and one cache entry.
+The AST is `SINK(STORE(INDEX(out, idx), value), …)` over RANGEs shared by the group
+(schedule/group.py lines the members' loops up and turns reads of members into their
+values). Every buffer is renamed to a positional parameter (p0, p1, …) so identical
+computations in different graphs have identical ASTs, source and cache entries.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ember.ir import ComputedBuffer
+from ember.schedule.group import align, resolve_bodies
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import BufferArg, Ops, UOp, substitute
 
@@ -21,41 +23,51 @@ class KernelAST:
     outputs: frozenset[str]  # the params the kernel writes
 
 
-def build_kernel_ast(group: list[ComputedBuffer]) -> KernelAST:
+def build_kernel_ast(group: list[ComputedBuffer], stored: set[str] | None = None) -> KernelAST:
+    """Stores every member in `stored` (default: all); the others live only in registers."""
+    stored = {c.name for c in group} if stored is None else stored
+    sink = group_sink(group, stored)
+    if isinstance(sink, str):
+        raise ValueError(sink)
+    return _rename_buffers(sink, frozenset(stored))
+
+
+def group_sink(group: list[ComputedBuffer], stored: set[str]) -> UOp | str:
+    """The SINK of the group's stores over shared ranges, or why the group can't be one kernel."""
+    alignment = align([c.buffer.layout.size for c in group])
+    if alignment is None:
+        return "iteration spaces differ: " + " vs ".join(str(c.buffer.layout.size) for c in group)
+    sizes, placements = alignment
+    bodies = resolve_bodies(group)
+    if isinstance(bodies, str):
+        return bodies
+    ranges = [UOp.range(size, d) if size != 1 else UOp.const(dtypes.index, 0) for d, size in enumerate(sizes)]
     stores = []
-    axis_base = 0
-    for computed in group:
-        stores.append(_store(computed, axis_base))
-        axis_base += len(computed.buffer.layout.size)
-    sink = UOp(Ops.SINK, dtypes.void, tuple(stores))
-    return _rename_buffers(sink, frozenset(c.name for c in group))
+    for computed, placement in zip(group, placements):
+        if computed.name not in stored:
+            continue
+        loop_vars = [ranges[d] if s != 1 else UOp.const(dtypes.index, 0)
+                     for d, s in zip(placement, computed.buffer.layout.size)]  # fmt: skip
+        stores.append(_store(computed, bodies[computed.name], loop_vars))
+    return UOp(Ops.SINK, dtypes.void, tuple(stores))
 
 
-def _store(computed: ComputedBuffer, axis_base: int) -> UOp:
-    """STORE of `computed`'s body over fresh ranges; size-1 dims need no loop."""
-    layout = computed.buffer.layout
-    loop_vars = [
-        UOp.range(size, axis_base + i) if size != 1 else UOp.const(dtypes.index, 0)
-        for i, size in enumerate(layout.size)
-    ]
+def _store(computed: ComputedBuffer, body: UOp, loop_vars: list[UOp]) -> UOp:
     mapping = {UOp(Ops.AXIS, dtypes.index, (), i): v for i, v in enumerate(loop_vars)}
-    value = substitute(computed.body, mapping)
+    value = substitute(body, mapping)
     out = computed.buffer.uop()
-    return UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, layout.index(loop_vars))), value))
+    index = computed.buffer.layout.index(loop_vars)
+    return UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, index)), value))
 
 
 def _rename_buffers(sink: UOp, outputs: frozenset[str]) -> KernelAST:
     buffers = [u for u in sink.toposort if u.op is Ops.BUFFER]
     # outputs first, then inputs in order of first use
     ordered = sorted(buffers, key=lambda b: (b.arg.name not in outputs, buffers.index(b)))
-    names: list[str] = []
-    mapping = {}
-    for b in ordered:
-        if b.arg.name in names:  # the same buffer viewed with two sizes: keep the larger
-            continue
-        names.append(b.arg.name)
+    names = list(dict.fromkeys(b.arg.name for b in ordered))
     sizes = {n: max(b.arg.size for b in buffers if b.arg.name == n) for n in names}
-    for b in buffers:
-        i = names.index(b.arg.name)
-        mapping[b] = UOp(Ops.BUFFER, b.dtype, (), BufferArg(f"p{i}", sizes[b.arg.name]))
-    return KernelAST(substitute(sink, mapping), tuple(names), frozenset(f"p{names.index(n)}" for n in outputs))
+    mapping = {
+        b: UOp(Ops.BUFFER, b.dtype, (), BufferArg(f"p{names.index(b.arg.name)}", sizes[b.arg.name])) for b in buffers
+    }
+    written = frozenset(f"p{names.index(n)}" for n in outputs if n in names)
+    return KernelAST(substitute(sink, mapping), tuple(names), written)

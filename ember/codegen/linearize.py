@@ -56,8 +56,10 @@ class _Linearizer:
         scope = u.ranges
         reduce_ranges = [r for r in scope if r.arg.reduce]
         if reduce_ranges:
-            acc, group = self.reduce_parent[reduce_ranges[0]]
-            deepest = max(r.arg.axis for r in reduce_ranges)
+            # nested reductions: the innermost one is the one whose accumulator is deepest
+            innermost = max(reduce_ranges, key=lambda r: len(self.canonical(self.reduce_parent[r][0])))
+            acc, group = self.reduce_parent[innermost]
+            deepest = max(r.arg.axis for r in reduce_ranges if r in group)
             return self.canonical(acc) + [r for r in group if r.arg.axis <= deepest]
         if not scope:
             return []
@@ -81,7 +83,7 @@ class _Linearizer:
                 if waiting[user] == 0:
                     ready.append(user)
         self.move_to([])
-        return self.program
+        return remove_dead_code(self.program)
 
     def preference(self, u: UOp, position: int) -> tuple[int, int, int]:
         target = self.stacks[u]
@@ -119,3 +121,23 @@ class _Linearizer:
             self.program.append(r)
             self.stack.append(r)
             self.blocks.append(set())
+
+
+def remove_dead_code(program: list[UOp]) -> list[UOp]:
+    """Drop values computed early and never used (their users got a recomputed copy after a
+    loop closed), then loops left empty."""
+    needed: set[UOp] = set()
+    kept: list[UOp] = []
+    for u in reversed(program):
+        if u.op in STATEFUL or u.op in (Ops.RANGE, Ops.ENDRANGE) or u in needed:
+            needed.discard(u)
+            needed.update(u.src)
+            kept.append(u)
+    kept.reverse()
+    result: list[UOp] = []
+    for u in kept:
+        if u.op is Ops.ENDRANGE and result and result[-1] is u.src[0]:
+            result.pop()  # an empty loop
+        else:
+            result.append(u)
+    return result

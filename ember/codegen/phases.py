@@ -56,8 +56,8 @@ def order_loops(sink: UOp) -> UOp:
     """Renumber loop ranges so the one with the largest store stride is outermost, as a
     row-major walk of each output keeps both the writes and most reads sequential."""
     loops = [u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce]
-    if len(loops) < 2:
-        return sink
+    if len(loops) < 2 or any(u.op is Ops.REDUCE for u in sink.toposort):
+        return sink  # reductions stay hoisted only while their loops stay outermost
     stride = {r: 0 for r in loops}
     for store in (s for s in sink.src if s.op is Ops.STORE):
         for r, coefficient in _coefficients(store.src[0].src[1]).items():

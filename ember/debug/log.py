@@ -28,6 +28,21 @@ class DebugDump:
             (self.folder / name).write_text(text)
 
 
+def describe_fusion(scheduled) -> str:
+    """Each kernel with the buffers fused into it, then every refused fusion with its reason."""
+    from ember.schedule import KernelStep
+
+    lines = []
+    for i, step in enumerate(scheduled.steps):
+        if isinstance(step, KernelStep):
+            members = ", ".join(c.name + ("" if c.name in step.stored else " (kernel-local)") for c in step.group)
+            lines.append(f"step {i}: kernel [{members}]")
+        else:
+            lines.append(f"step {i}: {'fallback' if step.is_fallback else 'extern'} {step.op}")
+    lines += ["", f"{scheduled.fusions} fusions; refused:"] + [f"  {r}" for r in scheduled.refusals]
+    return "\n".join(lines) + "\n"
+
+
 def describe_ir(graph: LoweredGraph) -> str:
     lines = [f"inputs: {', '.join(f'{b.name} {b.dtype.name}{list(b.layout.size)}' for b in graph.inputs)}", ""]
     for step in graph.steps:

@@ -1,46 +1,80 @@
-"""Stage `schedule`: the lowered graph's steps -> kernels and extern calls, in order, with
-the last use of every buffer.
+"""Stage `schedule`: the lowered program -> kernels and extern calls, in order.
 
-Today every computed buffer is its own kernel (pointwise producers were already inlined
-into their consumers during lowering); the fusion scheduler of seed 001 replaces
-`group_into_kernels` with dependency analysis and the fusion loop.
+    build_nodes     one node per computed buffer / extern call, dependencies from UOp bodies
+    eliminate_dead  drop computations nothing reads
+    fuse            the fusion loop (fusion.py), with a reason for every refusal
+    order           topological order of the groups; what each kernel must store
+
+A buffer written and fully consumed inside one kernel is never stored nor allocated.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch.utils._pytree import tree_flatten
 
 from ember.ir import BufferRef, ComputedBuffer, ExternCall, LoweredGraph
+from ember.schedule.fusion import FusionState, Group, WhyNoFuse, fuse, topological_order
+from ember.schedule.nodes import SchedulerNode, build_nodes
 from ember.uop.ops import Ops
 
 
 @dataclass
 class KernelStep:
     group: list[ComputedBuffer]
+    stored: set[str]  # members written to memory; the rest are kernel-local
 
     @property
     def writes(self) -> list[str]:
-        return [c.name for c in self.group]
+        return [c.name for c in self.group if c.name in self.stored]
 
     @property
     def reads(self) -> list[str]:
-        names = []
-        for c in self.group:
-            names += [u.arg.name for u in c.body.toposort if u.op is Ops.BUFFER]
-        return list(dict.fromkeys(names))
+        members = {c.name for c in self.group}
+        names = [u.arg.name for c in self.group for u in c.body.toposort if u.op is Ops.BUFFER]
+        return [n for n in dict.fromkeys(names) if n not in members]
 
 
 Step = KernelStep | ExternCall
 
 
-def schedule(graph: LoweredGraph) -> list[Step]:
-    return group_into_kernels(graph)
+@dataclass
+class Schedule:
+    steps: list[Step]
+    refusals: list[WhyNoFuse] = field(default_factory=list)
+    fusions: int = 0
 
 
-def group_into_kernels(graph: LoweredGraph) -> list[Step]:
-    return [KernelStep([s]) if isinstance(s, ComputedBuffer) else s for s in graph.steps]
+def schedule(graph: LoweredGraph, fusion: bool = True) -> Schedule:
+    nodes = eliminate_dead(build_nodes(graph), graph)
+    outputs = {o.ref.name for o in graph.outputs if o.ref is not None}
+    nbytes = {c.name: c.buffer.layout.storage_size * c.buffer.dtype.itemsize for c in _computed(nodes)}
+    state = FusionState(topological_order([Group([n]) for n in nodes]), outputs, nbytes)
+    if fusion:
+        state = fuse(state)
+    steps: list[Step] = []
+    for g in state.groups:
+        if g.is_extern:
+            steps.append(g.nodes[0].step)  # type: ignore[arg-type]
+        else:
+            steps.append(KernelStep(g.computed, state.stored(g)))
+    return Schedule(steps, state.refusals, state.fusions)
+
+
+def _computed(nodes: list[SchedulerNode]) -> list[ComputedBuffer]:
+    return [n.step for n in nodes if isinstance(n.step, ComputedBuffer)]
+
+
+def eliminate_dead(nodes: list[SchedulerNode], graph: LoweredGraph) -> list[SchedulerNode]:
+    """Computed buffers that no output needs; externs stay (they may have side effects)."""
+    needed = {o.ref.name for o in graph.outputs if o.ref is not None}
+    alive: list[SchedulerNode] = []
+    for node in reversed(nodes):
+        if node.is_extern or any(b in needed for b in node.writes):
+            alive.append(node)
+            needed |= node.read_buffers
+    return list(reversed(alive))
 
 
 def reads_of(step: Step) -> list[str]:

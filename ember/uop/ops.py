@@ -236,8 +236,10 @@ class UOp(metaclass=_UOpMeta):
         if self.op is Ops.RANGE:
             return frozenset({self})
         inner = frozenset().union(*(s.ranges for s in self.src)) if self.src else frozenset()
-        if self.op in (Ops.REDUCE, Ops.ACC_READ):
-            return inner - {r for r in inner if r.arg.reduce}
+        if self.op is Ops.REDUCE:  # varies with everything but the ranges it reduces over
+            return inner - set(self.src[1:])
+        if self.op is Ops.ACC_READ:
+            return inner - set(self.src[1].src[2:])
         return inner
 
     @functools.cached_property

@@ -56,8 +56,9 @@ def generate_wrapper(graph: LoweredGraph, steps: list[Step], kernels: dict[int, 
     for i, step in enumerate(steps):
         if isinstance(step, KernelStep):
             for computed in step.group:
-                buffers[computed.name] = computed.buffer
-                body.append(L.Allocate(computed.buffer))
+                if computed.name in step.stored:
+                    buffers[computed.name] = computed.buffer
+                    body.append(L.Allocate(computed.buffer))
             body.append(L.KernelCall(kernels[i].var, list(kernels[i].params)))
         else:
             body += _extern_lines(step, buffers, graph, objects)

@@ -1,0 +1,107 @@
+"""A fused group of computed buffers: how their loops line up, and how a consumer's reads
+of a buffer produced in the same group become that buffer's value (no memory round trip).
+
+Note: vertical fusion is substitution
+    A consumer reads producer buffer B at a linear index. When that index is B's own
+    layout applied to per-axis expressions e_0..e_k (checked by rebuilding it), the read
+    is replaced by B's body with AXIS i := e_i. The same producer element then is the same
+    UOp wherever it is read, so it is computed once (hash-consing), and a producer read
+    at an outer position only (a row max read by every element of the row) is hoisted out
+    of the inner loop by the linearizer. A read that does not decompose refuses the fusion.
+"""
+
+from __future__ import annotations
+
+from ember.ir import ComputedBuffer, Layout
+from ember.lower.values import axis
+from ember.uop.dtypes import dtypes
+from ember.uop.ops import Ops, UOp, substitute
+from ember.uop.symbolic import simplify
+
+
+def align(sizes: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[list[int]]] | None:
+    """The group's loop sizes and, per member, the group dim of each of its dims; None
+    when the iteration spaces cannot share loops (a dim of one size against another)."""
+    group = list(max(sizes, key=len))
+    placements = []
+    for size in sizes:
+        for start in dict.fromkeys((0, len(group) - len(size))):  # left-aligned, then right-aligned
+            if all(s in (1, group[start + i]) or group[start + i] == 1 for i, s in enumerate(size)):
+                for i, s in enumerate(size):
+                    group[start + i] = max(group[start + i], s)
+                placements.append([start + i for i in range(len(size))])
+                break
+        else:
+            return None
+    return tuple(group), placements
+
+
+def axis_exprs(index: UOp, layout: Layout) -> list[UOp] | None:
+    """Per-axis expressions whose position in `layout` is `index`, or None (see the Note)."""
+    index = simplify(index)
+    terms, offset = _linear_terms(index)
+    if terms is None:
+        return None
+    exprs: list[UOp] = [UOp.const(dtypes.index, 0)] * len(layout.size)
+    dims_by_stride = {st: d for d, (st, sz) in enumerate(zip(layout.stride, layout.size)) if sz != 1}
+    for term, coefficient in terms:
+        dim = dims_by_stride.get(coefficient)
+        if dim is None:
+            return None
+        exprs[dim] = exprs[dim] + term
+    rest = offset - layout.offset
+    for d in sorted(dims_by_stride.values(), key=lambda d: -layout.stride[d]):
+        quotient, rest = divmod(rest, layout.stride[d]) if layout.stride[d] else (0, rest)
+        exprs[d] = exprs[d] + quotient
+    if rest != 0:
+        return None
+    exprs = [simplify(e) for e in exprs]
+    if any(e.vmin < 0 or e.vmax >= size for e, size in zip(exprs, layout.size)):
+        return None
+    if simplify(layout.index(exprs)) is not index:
+        return None
+    return exprs
+
+
+def _linear_terms(index: UOp) -> tuple[list[tuple[UOp, int]] | None, int]:
+    """index as sum(term * coefficient) + offset, terms being non-constant sub-expressions."""
+    terms: list[tuple[UOp, int]] = []
+    offset = 0
+    stack = [index]
+    while stack:
+        t = stack.pop()
+        if t.op is Ops.ADD:
+            stack.extend(t.src)
+        elif t.op is Ops.CONST:
+            offset += t.arg
+        elif t.op is Ops.MUL and t.src[1].op is Ops.CONST:
+            terms.append((t.src[0], t.src[1].arg))
+        else:
+            terms.append((t, 1))
+    return terms, offset
+
+
+def resolve_bodies(group: list[ComputedBuffer]) -> dict[str, UOp] | str:
+    """Each member's body with reads of earlier members replaced by their values (in the
+    member's own axes), or the reason a read cannot be replaced."""
+    resolved: dict[str, UOp] = {}
+    layouts = {c.name: c.buffer.layout for c in group}
+    for computed in group:
+        # axes become bounded loop variables while decomposing, so bounds prove the index math
+        bounded = {axis(i): UOp.range(s, PLACEHOLDER_AXIS + i) for i, s in enumerate(computed.buffer.layout.size)}
+        unbound = {r: a for a, r in bounded.items()}
+        mapping: dict[UOp, UOp] = {}
+        for u in computed.body.toposort:
+            if u.op is not Ops.LOAD or u.src[0].src[0].arg.name not in resolved:
+                continue
+            name = u.src[0].src[0].arg.name
+            exprs = axis_exprs(substitute(u.src[0].src[1], bounded), layouts[name])
+            if exprs is None:
+                return f"{computed.name} reads {name} at positions that do not match its writes"
+            exprs = [substitute(e, unbound) for e in exprs]
+            mapping[u] = substitute(resolved[name], {axis(i): e for i, e in enumerate(exprs)})
+        resolved[computed.name] = substitute(computed.body, mapping) if mapping else computed.body
+    return resolved
+
+
+PLACEHOLDER_AXIS = 1 << 40

@@ -1,0 +1,117 @@
+"""Scheduler nodes and their dependencies, read from the lowered program.
+
+A node is one computed buffer (a UOp body) or one extern call. Its reads are
+`MemoryDep(buffer, index)` for each LOAD in a body (index in the node's own axes),
+`StarDep(buffer)` for whole-buffer reads (extern arguments), and `WeakDep(buffer)` for
+ordering only (a later mutation of a buffer must wait for its earlier readers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch.utils._pytree import tree_flatten
+
+from ember.ir import BufferRef, ComputedBuffer, ExternCall, LoweredGraph
+from ember.uop.ops import Ops, UOp
+
+
+@dataclass(frozen=True)
+class MemoryDep:
+    buffer: str
+    index: UOp
+
+
+@dataclass(frozen=True)
+class StarDep:
+    buffer: str
+
+
+@dataclass(frozen=True)
+class WeakDep:
+    buffer: str
+
+
+Dep = MemoryDep | StarDep | WeakDep
+
+
+@dataclass(eq=False)
+class SchedulerNode:
+    step: ComputedBuffer | ExternCall
+    position: int  # in the lowered program's order
+    reads: list[Dep] = field(default_factory=list)
+    writes: list[str] = field(default_factory=list)
+    depends_on: set[SchedulerNode] = field(default_factory=set)  # direct predecessors
+    ancestors: set[SchedulerNode] = field(default_factory=set)
+
+    @property
+    def name(self) -> str:
+        return self.step.name
+
+    @property
+    def is_extern(self) -> bool:
+        return isinstance(self.step, ExternCall)
+
+    @property
+    def read_buffers(self) -> set[str]:
+        return {d.buffer for d in self.reads if not isinstance(d, WeakDep)}
+
+    def __repr__(self) -> str:
+        return f"SchedulerNode({self.name})"
+
+
+def build_nodes(graph: LoweredGraph) -> list[SchedulerNode]:
+    nodes = [_node(step, i) for i, step in enumerate(graph.steps)]
+    _add_mutation_order(nodes)
+    writers: dict[str, list[SchedulerNode]] = {}
+    for n in nodes:
+        for b in n.writes:
+            writers.setdefault(b, []).append(n)
+    for n in nodes:  # each read depends on the latest earlier write of its buffer
+        for d in n.reads:
+            earlier = [w for w in writers.get(d.buffer, []) if w.position < n.position]
+            if earlier:
+                n.depends_on.add(earlier[-1])
+    for n in nodes:  # the program order is topological
+        n.ancestors = set().union(*(d.ancestors | {d} for d in n.depends_on)) if n.depends_on else set()
+    return nodes
+
+
+def _node(step: ComputedBuffer | ExternCall, position: int) -> SchedulerNode:
+    if isinstance(step, ComputedBuffer):
+        reads: list[Dep] = [
+            MemoryDep(u.src[0].arg.name, u.src[1])
+            for u in step.body.toposort
+            if u.op is Ops.INDEX and u.src[0].op is Ops.BUFFER
+        ]
+        return SchedulerNode(step, position, list(dict.fromkeys(reads)), [step.name])
+    refs, _ = tree_flatten((step.args, step.kwargs))
+    reads = list(dict.fromkeys(StarDep(r.name) for r in refs if isinstance(r, BufferRef)))
+    return SchedulerNode(step, position, reads, [b.name for b in step.outputs] + mutated_buffers(step))
+
+
+def mutated_buffers(step: ExternCall) -> list[str]:
+    """Buffers an extern writes in place (aten schema: an argument with alias_info.is_write)."""
+    schema = getattr(step.op, "_schema", None)
+    if schema is None:
+        return []
+    mutated = []
+    for i, argument in enumerate(schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = step.args[i] if i < len(step.args) else step.kwargs.get(argument.name)
+        if isinstance(value, BufferRef):
+            mutated.append(value.name)
+    return mutated
+
+
+def _add_mutation_order(nodes: list[SchedulerNode]) -> None:
+    """A node that mutates a buffer must run after every earlier reader of it (WeakDep)."""
+    for i, node in enumerate(nodes):
+        if not node.is_extern:
+            continue
+        for buffer in mutated_buffers(node.step):
+            for earlier in nodes[:i]:
+                if buffer in earlier.read_buffers:
+                    node.reads.append(WeakDep(earlier.name))
+
