@@ -2,7 +2,8 @@
 
 __version__ = "0.1.0"
 
+from ember.explain import explain  # noqa: E402
 from ember.frontend import compile, ember_backend  # noqa: E402
 from ember.metrics import metrics  # noqa: E402
 
-__all__ = ["compile", "ember_backend", "metrics", "__version__"]
+__all__ = ["compile", "ember_backend", "explain", "metrics", "__version__"]

@@ -16,6 +16,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="ember", description="ember, a deep-learning compiler for PyTorch")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="compile a built-in program and compare it with eager")
+    explain = commands.add_parser("explain", help="run a script and explain what ember did with each graph")
+    explain.add_argument("script")
+    explain.add_argument("args", nargs=argparse.REMAINDER)
     cache = commands.add_parser("cache", help="manage the on-disk cache")
     cache.add_argument("action", choices=["clear", "info"])
     args = parser.parse_args(argv)
@@ -24,6 +27,10 @@ def main(argv: list[str] | None = None) -> None:
         from ember.demo import main as demo
 
         demo()
+    elif args.command == "explain":
+        from ember.explain import explain_script
+
+        print(explain_script(args.script, args.args))
     elif args.command == "cache":
         from ember.config import load
 

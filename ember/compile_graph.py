@@ -60,6 +60,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
         scheduled = schedule(graph, fusion=config.fusion)
         steps = scheduled.steps
     debug.write("fusion.txt", describe_fusion(scheduled))
+    if config.explain_file:
+        with open(config.explain_file, "a") as f:
+            f.write(f"=== graph {len(graph.steps)} steps, inputs {[b.name for b in graph.inputs]}\n")
+            f.write(describe_fusion(scheduled) + "\n")
     with stage("codegen", timings):
         rendered = {i: codegen_kernel(s, config) for i, s in enumerate(steps) if isinstance(s, KernelStep)}
     for kernel, _ in rendered.values():
