@@ -60,10 +60,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
         scheduled = schedule(graph, fusion=config.fusion)
         steps = scheduled.steps
     debug.write("fusion.txt", describe_fusion(scheduled))
-    if config.explain_file:
-        with open(config.explain_file, "a") as f:
-            f.write(f"=== graph {len(graph.steps)} steps, inputs {[b.name for b in graph.inputs]}\n")
-            f.write(describe_fusion(scheduled) + "\n")
     with stage("codegen", timings):
         rendered = {i: codegen_kernel(s, config) for i, s in enumerate(steps) if isinstance(s, KernelStep)}
     for kernel, _ in rendered.values():
@@ -74,6 +70,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
         wrapper = generate_wrapper(graph, steps, binaries)
         call, path = load_wrapper(wrapper, graph.constants, Path(config.cache_dir))
     debug.write("wrapper.py", wrapper.source)
+    if config.explain_file:
+        with open(config.explain_file, "a") as f:
+            f.write(f"=== graph with inputs {[b.name for b in graph.inputs]}\n")
+            f.write(describe_fusion(scheduled))
+            f.write(f"planned peak memory of intermediates: {wrapper.peak_bytes} bytes\n\n")
     debug.write("timings.txt", "".join(f"{k:10s} {v:.4f}s\n" for k, v in timings.items()))
     metrics.graphs_compiled += 1
     metrics.kernels_generated += len(rendered)
@@ -113,7 +114,8 @@ def compile_kernels(rendered: dict[int, tuple[RenderedKernel, tuple[str, ...]]],
     for i, result in compiled.items():
         metrics.code_cache_hits += result.cache_hit
         metrics.code_cache_misses += not result.cache_hit
-        binaries[i] = KernelBinary(f"kernel{i}", str(result.path), result.symbol, rendered[i][1])
+        # identical kernels share one loaded function: the symbol is a content hash
+        binaries[i] = KernelBinary(result.symbol, str(result.path), result.symbol, rendered[i][1])
     return binaries
 
 

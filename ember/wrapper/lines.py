@@ -1,7 +1,7 @@
 """The wrapper as data: one object per line of the generated `call`, each rendering itself.
 
-Memory planning (seed 003) rewrites this list — reusing freed buffers, dropping frees —
-before it is rendered; today the list is allocate / call / free in schedule order.
+Memory planning (plan.py, seed 003) rewrites this list before it is rendered: a freed
+buffer's FreeIfNotReused becomes Null and a later Allocate of the same size becomes Reuse.
 """
 
 from __future__ import annotations
@@ -75,11 +75,46 @@ class Unpack:
 
 
 @dataclass
-class Free:
+class FreeIfNotReused:
+    """Release `buffer` after its last use, unless the planner hands it to a later Allocate."""
+
+    buffer: Buffer
+
+    def render(self) -> str:
+        return f"del {self.buffer.name}"
+
+
+@dataclass
+class Reuse:
+    """`new` takes over the storage of `old` (same dtype and bytes), viewed with its layout."""
+
+    old: Buffer
+    new: Buffer
+
+    def render(self) -> str:
+        if self.old.layout == self.new.layout:
+            view = self.old.name
+        else:
+            view = f"as_strided({self.old.name}, {self.new.layout.size}, {self.new.layout.stride})"
+        return f"{self.new.name} = {view}; del {self.old.name}  # reuse"
+
+
+@dataclass
+class Del:
+    """Drop a temporary Python name (not a planned buffer)."""
+
     names: list[str]
 
     def render(self) -> str:
         return f"del {', '.join(self.names)}"
+
+
+@dataclass
+class Null:
+    """A line the planner removed."""
+
+    def render(self) -> str:
+        return ""
 
 
 @dataclass
@@ -90,4 +125,4 @@ class Return:
         return f"return ({''.join(v + ', ' for v in self.values)})"
 
 
-Line = AssertInput | Allocate | KernelCall | ExternCall | Unpack | Free | Return
+Line = AssertInput | Allocate | KernelCall | ExternCall | Unpack | FreeIfNotReused | Reuse | Del | Null | Return
