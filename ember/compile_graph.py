@@ -30,7 +30,7 @@ from ember.lower import lower_graph
 from ember.metrics import metrics
 from ember.renderer.cpp import RenderedKernel, render
 from ember.runtime.cache import content_hash
-from ember.runtime.cpu import CompiledKernel, compile_cpp
+from ember.runtime.cpu import CompiledKernel, compile_cpp, simd_math_functions
 from ember.schedule import KernelStep, schedule
 from ember.wrapper.python import KernelBinary, generate_wrapper, load_wrapper
 
@@ -94,7 +94,8 @@ def codegen_kernel(step: KernelStep, config: Config) -> tuple[RenderedKernel, tu
         ast = build_kernel_ast(step.group, step.stored)
         sink = full_rewrite(ast.sink)
         program = linearize(sink)
-        return render(f"kernel_{sink.key[:16]}", program, ast.outputs, config.parallel_threshold), ast.params
+        name = f"kernel_{sink.key[:16]}"
+        return render(name, program, ast.outputs, config.parallel_threshold, simd_math_functions()), ast.params
     except Exception as e:
         origins = ", ".join(o for c in step.group for o in c.origins)
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e

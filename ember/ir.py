@@ -127,3 +127,4 @@ class LoweredGraph:
     constants: dict[str, Any]  # name -> torch.Tensor held by the wrapper
     steps: list[ComputedBuffer | ExternCall] = field(default_factory=list)
     outputs: list[OutputSpec] = field(default_factory=list)
+    buffers: dict[str, Buffer] = field(default_factory=dict)  # every named buffer, by name

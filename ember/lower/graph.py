@@ -60,6 +60,7 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> tuple[Lo
             ctx.graph.outputs = _lower_outputs(ctx, node, env)
         else:
             raise EmberError("lower", f"unexpected FX node kind {node.op!r}", node.name)
+    ctx.graph.buffers = ctx.buffers
     return ctx.graph, ctx
 
 

@@ -89,7 +89,7 @@ def floordiv(a: UOp, b: UOp) -> UOp:
     wrong_sign = mod.alu(Ops.CMPNE, mod.const_like(0)).alu(Ops.AND, b.lt(0).alu(Ops.CMPNE, mod.lt(0)))
     div = wrong_sign.where(div - 1, div)
     floored = div.alu(Ops.FLOOR)
-    floored = (div - floored).alu(Ops.CMPLT, div.const_like(0.5)).where(floored, floored + 1)
+    floored = div.const_like(0.5).alu(Ops.CMPLT, div - floored).where(floored + 1, floored)  # a tie rounds down
     zero_signed = a.alu(Ops.FDIV, b).alu(Ops.MUL, a.const_like(0.0))  # copysign(0, a/b)
     rounded = div.alu(Ops.CMPNE, div.const_like(0)).where(floored, zero_signed)
     return b.alu(Ops.CMPEQ, b.const_like(0)).where(a.alu(Ops.FDIV, b), rounded)
@@ -130,7 +130,8 @@ def gelu(x: UOp, approximate: str = "none") -> UOp:
 
 
 def relu(x: UOp) -> UOp:
-    return x.alu(Ops.MAX, x.const_like(0))
+    """x < 0 ? 0 : x, as eager: relu(-0.0) is -0.0 and NaN stays NaN."""
+    return x.lt(x.const_like(0)).where(x.const_like(0), x)
 
 
 def logical(op: Ops) -> Callable[..., UOp]:
@@ -218,9 +219,10 @@ def lower_round(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue) -> Te
     return elementwise(node, integer_identity(Ops.ROUND), (x,))
 
 
-@register(aten.bitwise_left_shift, aten.bitwise_right_shift)
+@register(aten.bitwise_left_shift, aten.bitwise_right_shift, aten.__lshift__, aten.__rshift__)
 def lower_shift(ctx: LoweringContext, node: torch.fx.Node, a, b) -> TensorValue:
-    op = Ops.SHL if node.target.overloadpacket is aten.bitwise_left_shift else Ops.SHR
+    """`x << n` on a tensor is aten.__lshift__, which AOT graphs keep as it is."""
+    op = Ops.SHL if node.target.overloadpacket in (aten.bitwise_left_shift, aten.__lshift__) else Ops.SHR
     return elementwise(node, binary(op), (a, b))
 
 
@@ -244,7 +246,8 @@ def lower_pow(ctx: LoweringContext, node: torch.fx.Node, a, b) -> TensorValue:
     if isinstance(b, Number) and not isinstance(b, bool) and isinstance(a, TensorValue):
         special = {2: lambda x: x * x, 3: lambda x: x * x * x, 1: lambda x: x, 0.5: unary(Ops.SQRT)}
         if b in special and from_torch(out_meta(node).dtype).is_float:
-            return elementwise(node, special[b], (a,))
+            # computed in the promoted dtype of both operands: int_tensor ** 0.5 is a float sqrt
+            return elementwise(node, special[b], (a,), compute=promoted(node, 2)[0])
     return elementwise(node, binary(Ops.POW), (a, b))
 
 

@@ -9,8 +9,18 @@ from ember.lower.context import LoweringContext
 from ember.lower.pointwise import out_meta
 from ember.lower.registry import Unsupported, register
 from ember.lower.values import (
-    TensorValue, axis, broadcast_to, const_index, constant, load, permute, reshape, select, slice_dim, unsqueeze,
-)  # fmt: skip
+    TensorValue,
+    axis,
+    broadcast_to,
+    const_index,
+    constant,
+    load,
+    permute,
+    reshape,
+    select,
+    slice_dim,
+    unsqueeze,
+)
 from ember.uop.dtypes import dtypes, from_torch
 from ember.uop.ops import UOp
 

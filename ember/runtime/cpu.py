@@ -37,7 +37,7 @@ class CompiledKernel:
 
 def compile_cpp(source: str, symbol: str, cache_dir: Path, compiler: str, version: str) -> CompiledKernel:
     """The shared object for `source`, from the cache or built now."""
-    key = content_hash(source, compiler_identity(compiler), " ".join(FLAGS), version)
+    key = content_hash(source, compiler_identity(compiler), " ".join(FLAGS), repr(simd_math_functions()), version)
     so_path = entry_path(cache_dir, "kernels", key, ".so")
     if so_path.exists() and _loads(so_path):
         return CompiledKernel(so_path, symbol, cache_hit=True)
@@ -45,7 +45,9 @@ def compile_cpp(source: str, symbol: str, cache_dir: Path, compiler: str, versio
     write_atomic(cpp_path, source)
     tmp = temp_path_beside(so_path, ".so")
     try:
-        result = subprocess.run([compiler, *FLAGS, str(cpp_path), "-o", str(tmp)], capture_output=True, text=True)
+        libraries = ["-lmvec"] if simd_math_functions() else []
+        command = [compiler, *FLAGS, str(cpp_path), "-o", str(tmp), *libraries]
+        result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise EmberError("runtime", f"gcc failed on {cpp_path}:\n{result.stderr[-4000:]}", symbol)
         os.replace(tmp, so_path)
@@ -81,3 +83,27 @@ def load_kernel(path: str, symbol: str, num_params: int) -> ctypes._CFuncPtr:
     fn.argtypes = [ctypes.c_void_p] * num_params
     fn.restype = None
     return fn
+
+
+# ---- what the host's C library can vectorize --------------------------------------------
+
+SIMD_MATH_CANDIDATES = {
+    "exp": 1, "log": 1, "sin": 1, "cos": 1, "tan": 1, "asin": 1, "acos": 1, "atan": 1, "sinh": 1, "cosh": 1,
+    "tanh": 1, "erf": 1, "expm1": 1, "log1p": 1, "log2": 1, "log10": 1, "exp2": 1, "atan2": 2, "pow": 2,
+}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=None)
+def simd_math_functions() -> tuple[tuple[str, int], ...]:
+    """(name, arity) of the math functions glibc's libmvec has vector versions of, so that
+    kernels can declare them `simd` and gcc vectorizes loops that call them."""
+    try:
+        libmvec = ctypes.CDLL("libmvec.so.1")
+    except OSError:
+        return ()
+    found = []
+    for name, arity in SIMD_MATH_CANDIDATES.items():
+        mangled = "v" * arity
+        if hasattr(libmvec, f"_ZGVbN4{mangled}_{name}f") and hasattr(libmvec, f"_ZGVbN2{mangled}_{name}"):
+            found.append((name, arity))
+    return tuple(found)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ember.ir import ComputedBuffer
-from ember.schedule.group import align, resolve_bodies
+from ember.schedule.group import align, recomputed_member, resolve_bodies
 from ember.schedule.memory import peak_bytes
 from ember.schedule.nodes import SchedulerNode
 from ember.uop.ops import Ops
@@ -120,6 +120,8 @@ def why_no_fuse(state: FusionState, a: Group, b: Group) -> str | None:
     alignment = align([n.step.buffer.layout.size for n in members])
     if alignment is None:
         return "iteration spaces differ: " + " vs ".join(str(n.step.buffer.layout.size) for n in members)
+    if (member := recomputed_member([n.step.buffer.layout.size for n in members], alignment)) is not None:
+        return f"{members[member].name} would be recomputed in an inner loop it does not use"
     if (through := cycle_through(state, a, b)) is not None:
         return f"fusion would create a cycle through {through}"
     bodies = resolve_bodies([n.step for n in members])

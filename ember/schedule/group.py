@@ -23,6 +23,8 @@ def align(sizes: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[list[int]
     """The group's loop sizes and, per member, the group dim of each of its dims; None
     when the iteration spaces cannot share loops (a dim of one size against another)."""
     group = list(max(sizes, key=len))
+    if any(0 in size for size in sizes) and len(set(sizes)) > 1:
+        return None  # an empty member has no iterations to share
     placements = []
     for size in sizes:
         for start in dict.fromkeys((0, len(group) - len(size))):  # left-aligned, then right-aligned
@@ -34,6 +36,18 @@ def align(sizes: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[list[int]
         else:
             return None
     return tuple(group), placements
+
+
+def recomputed_member(sizes: list[tuple[int, ...]], alignment: tuple) -> int | None:
+    """The first member whose loops are not the group's outer loops: the linearizer would
+    place it inside a loop it does not use and compute every element again per iteration."""
+    group, placements = alignment
+    loop_dims = [d for d, s in enumerate(group) if s > 1]
+    for member, (size, placement) in enumerate(zip(sizes, placements)):
+        used = sorted(placement[i] for i, s in enumerate(size) if s > 1)
+        if used != loop_dims[: len(used)]:
+            return member
+    return None
 
 
 def axis_exprs(index: UOp, layout: Layout) -> list[UOp] | None:

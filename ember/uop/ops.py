@@ -242,19 +242,26 @@ class UOp(metaclass=_UOpMeta):
             return inner - set(self.src[1].src[2:])
         return inner
 
-    @functools.cached_property
+    @property
     def key(self) -> str:
         """A content hash, stable across processes."""
-        parts = [self.op.name, self.dtype.name, repr(self.arg), *(s.key for s in self.src)]
-        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+        return self._bottom_up("_key", _content_key)
 
-    @functools.cached_property
+    @property
     def vmin(self) -> int | float:
-        return bounds(self)[0]
+        return self._bottom_up("_bounds", bounds)[0]
 
-    @functools.cached_property
+    @property
     def vmax(self) -> int | float:
-        return bounds(self)[1]
+        return self._bottom_up("_bounds", bounds)[1]
+
+    def _bottom_up(self, slot: str, compute):
+        """A per-UOp cached value computed sources first, so deep graphs never recurse."""
+        if slot not in self.__dict__:
+            for u in self.toposort:
+                if slot not in u.__dict__:
+                    u.__dict__[slot] = compute(u)
+        return self.__dict__[slot]
 
 
 def normalize_const(dtype: DType, value: Any) -> Any:
@@ -266,6 +273,11 @@ def normalize_const(dtype: DType, value: Any) -> Any:
     if dtype.is_float:
         return float(value)
     return value
+
+
+def _content_key(u: UOp) -> str:
+    parts = [u.op.name, u.dtype.name, repr(u.arg), *(s.key for s in u.src)]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
 def bounds(u: UOp) -> tuple[int | float, int | float]:

@@ -90,7 +90,12 @@ class UPat:
 
 
 def _same_arg(a: Any, b: Any) -> bool:
-    return type(a) is type(b) and a == b if not isinstance(a, (int, float)) else a == b and not isinstance(a, bool)
+    """Constants match by type and value: True is not 1, and 0.0 is not -0.0."""
+    if isinstance(a, float) or isinstance(b, float):
+        return type(a) is type(b) and repr(a) == repr(b)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
 
 
 def _match_sources(pats: tuple[UPat, ...], srcs: tuple[UOp, ...], captures: dict[str, UOp]) -> Iterator[dict]:

@@ -174,7 +174,7 @@ def compare_by_bounds(u: UOp, x: UOp, y: UOp) -> UOp | None:
 
 def max_min_by_bounds(u: UOp, x: UOp, y: UOp) -> UOp | None:
     """max(x, y) -> x when x >= y for all their values; min(x, y) -> x when x <= y (y is tried by commuting)."""
-    x_wins = x.vmin >= y.vmin if u.op is Ops.MAX else x.vmax <= y.vmin
+    x_wins = x.vmin >= y.vmax if u.op is Ops.MAX else x.vmax <= y.vmin
     return x if x_wins else None
 
 
@@ -199,8 +199,15 @@ pm_comparisons = PatternMatcher(
 
 
 def addends(u: UOp) -> list[UOp]:
-    """The terms of a chain of ADDs, left to right."""
-    return addends(u.src[0]) + addends(u.src[1]) if u.op is Ops.ADD else [u]
+    """The terms of a tree of ADDs, left to right (without recursion: index sums can be long)."""
+    terms, stack = [], [u]
+    while stack:
+        top = stack.pop()
+        if top.op is Ops.ADD:
+            stack += [top.src[1], top.src[0]]
+        else:
+            terms.append(top)
+    return terms
 
 
 def sum_of(terms: list[UOp], like: UOp) -> UOp:
@@ -318,6 +325,7 @@ def with_positive_divisor(rule: Callable[..., UOp | None]) -> Callable[..., UOp 
     return guarded
 
 
+# Every rule below with a divisor `c` goes through `with_positive_divisor`: it only fires for a constant c > 0.
 pm_division = PatternMatcher(
     [
         (_bx // _bx, lambda x: x.const_like(1) if x.vmin > 0 or x.vmax < 0 else None),  # x // x -> 1 when x != 0

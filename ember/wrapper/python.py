@@ -51,7 +51,7 @@ class WrapperSource:
 
 def generate_wrapper(graph: LoweredGraph, steps: list[Step], kernels: dict[int, KernelBinary]) -> WrapperSource:
     objects: list[Any] = []
-    buffers = {b.name: b for b in graph.inputs}
+    buffers = {b.name: b for b in graph.buffers.values() if b.kind in ("input", "constant")}
     body: list[L.Line] = [L.AssertInput(b) for b in graph.inputs]
     outputs = {o.ref.name for o in graph.outputs if o.ref is not None}
     freed = last_uses(steps, keep=outputs | {b.name for b in graph.inputs} | set(graph.constants))

@@ -6,7 +6,9 @@ constants, simplifies them, and evaluates both forms at random in-bound points w
 
 from __future__ import annotations
 
+import itertools
 import operator
+import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -152,7 +154,7 @@ class TestIdentities:
         assert simplify(r0 - r0) is index(0)
         assert simplify((r0 + r1) - r1) is r0
         assert simplify((r1 + r0) - r1) is r0
-        assert simplify(-(-r0)) is r0
+        assert simplify(r0.alu(Ops.NEG).alu(Ops.NEG)) is r0
 
     def test_max_min_of_same(self):
         x = load("x", dtypes.int32)
@@ -313,6 +315,73 @@ class TestDivMod:
         assert simplify(expr) is expr
 
 
+def assert_same_everywhere(expr: UOp) -> None:
+    """simplify(expr) equals expr at every value of its ranges (and of a free variable, at -6..6)."""
+    ranges = sorted((u for u in expr.toposort if u.op is Ops.RANGE), key=lambda r: r.arg.axis)
+    simplified = simplify(expr)
+    for values in itertools.product(*[range(r.vmax + 1) for r in ranges], range(-6, 7)):
+        env = {**dict(zip(ranges, values[:-1], strict=True)), FREE: values[-1]}
+        assert evaluate(simplified, env) == evaluate(expr, env), f"{expr} -> {simplified} at {env}"
+
+
+COMPARE_OPS = [Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE]
+FREE = v = load("v", dtypes.index)  # an index value of unknown sign, to exercise every sign-dependent guard
+
+
+class TestEdgeCasesKeepTheirValue:
+    """Expressions at the edges of the rules' guards: negative dividends and divisors, bounds that just decide."""
+
+    @pytest.mark.parametrize(
+        "expr",
+        [
+            (r1 - 4) % 4,
+            (r1 - 4) // 4,
+            (r1 - 3) // 4,
+            (r1 - 3) % 4,
+            (r1 - 8) % 4,
+            ((r0 + 1) * 4 - r1) // 4,
+            ((r0 + 1) * 4 - r1) % 4,
+            ((r0 + 1) * 4 + r1 * -1) // 4,
+            ((r0 + 1) * 4 + r1 * -1) % 4,
+            (r0 * 4 + r1 - 4) // 4,
+            (r0 * 4 + r1 - 4) % 4,
+            r0 // -4,
+            r0 % -4,
+            (r1 + 5) // -4,
+            (r1 + 5) % -4,
+            (r0 * 4 + r1) // -4,
+            (r2 % 6) // 4,
+            (r2 % 6) % 4,
+            ((r1 - 4) // 2) // 2,
+            ((r1 - 4) % 8) // 4,
+            ((r1 - 4) % 8) % 4,
+            (r0 * 6 - r2 * 4) // 4,
+            (r0 * 6 - r2 * 4) % 4,
+            (v * 4 + r1) // 4,
+            (v * 4 + r1) % 4,
+            (v * 4) // 4,
+            (v * 6 + 2) // 4,
+            (v * 6 + 2) % 4,
+            (v % 4) // 2,
+            (v // 2) // 2,
+        ],
+    )
+    def test_division(self, expr):
+        assert_same_everywhere(expr)
+
+    @pytest.mark.parametrize("op", COMPARE_OPS)
+    @pytest.mark.parametrize("bound", [-1, 0, 1, 2, 3, 4])
+    def test_comparison_against_bounds(self, op, bound):
+        assert_same_everywhere(r1.alu(op, index(bound)).where(r0, r2))
+        assert_same_everywhere(index(bound).alu(op, r1).where(r0, r2))
+
+    @pytest.mark.parametrize("op", [Ops.MAX, Ops.MIN])
+    @pytest.mark.parametrize("bound", [-1, 0, 1, 2, 3, 4])
+    def test_max_min_against_bounds(self, op, bound):
+        assert_same_everywhere(r1.alu(op, index(bound)))
+        assert_same_everywhere((r1 - 2).alu(op, r0 - bound))
+
+
 class TestFloatsAreUntouched:
     @pytest.mark.parametrize(
         "build",
@@ -343,79 +412,129 @@ class TestFloatsAreUntouched:
 # ---- randomized equivalence ----------------------------------------------------------------
 #
 # Uniformly random trees rarely take the shapes the rules look for (a sum of multiples of the
-# very divisor it is divided by, a comparison against a range's last value), so the generator
-# is biased toward index-like expressions: affine sums, divisors that share factors with the
-# coefficients, and constants near the ranges' bounds.
+# very divisor it is divided by, a comparison against a value's last possible value), so besides
+# free-form trees there are generators biased toward index math: affine sums with coefficients
+# that share factors with the divisors, and constants at the edges of an expression's bounds.
+# Every case is evaluated on the corners of the ranges' box and on random points within it.
 
-FREE = load("v", dtypes.index)  # an index value of unknown sign, so that every sign-dependent guard is exercised
-FACTORS = [1, 2, 3, 4, 6, 8, 12, 16]
-COMPARE_OPS = [Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE]
+FREE_VALUES = range(-6, 7)
+COEFFICIENTS = [1, 1, 2, 3, 4, 6, 8, 16, -1, -2, -4]
+DIVISORS = [1, 2, 2, 3, 4, 4, 4, 6, 8, 8, 12, 16, 5, 7, -1, -2, -4]
 KINDS = ["leaf"] + ["affine"] * 4 + ["div"] * 4 + ["binary"] * 2 + ["where", "neg"]
 
 
-def constants(ranges: list[UOp]) -> st.SearchStrategy[int]:
-    """Small integers, and the sizes and last values of the ranges (and their negations)."""
-    near_bounds = sorted({sign * (r.vmax + shift) for r in ranges for sign in (1, -1) for shift in (0, 1)})
-    return st.one_of(st.integers(-20, 20), st.sampled_from(near_bounds))
-
-
-def divisors() -> st.SearchStrategy[int]:
-    return st.sampled_from(FACTORS * 3 + [5, 7, 9, -1, -2, -4])
+def near_bounds(u: UOp) -> st.SearchStrategy[int]:
+    """Constants at and next to the ends of u's bounds, where comparisons and divisions flip (small ones only:
+    overflow is out of scope)."""
+    edges = [edge + shift for edge in (u.vmin, u.vmax) for shift in (-1, 0, 1) if abs(edge) < 1000]
+    return st.sampled_from(edges) if edges else st.integers(-8, 8)
 
 
 @st.composite
-def expressions(draw, ranges: list[UOp], leaves: list[UOp], depth: int) -> UOp:
-    """A random index expression over `leaves`, at most `depth` operators deep."""
+def affine(draw, parts: list[UOp]) -> UOp:
+    """k1*p1 + ... + k0 for 1 to 3 of `parts` (the first always used) and a constant k0."""
+    chosen = [parts[0]] + draw(st.lists(st.sampled_from(parts), max_size=2))
+    terms = [part * draw(st.sampled_from(COEFFICIENTS)) for part in chosen]
+    total = sum(terms[1:], terms[0])
+    return total + draw(st.one_of(st.integers(-8, 8), near_bounds(total).map(lambda k: -k)))
+
+
+@st.composite
+def index_math(draw, leaves: list[UOp], depth: int) -> UOp:
+    """Affine sums of leaves, divided and reduced modulo constants and summed again, `depth` times."""
+    if depth == 0:
+        return draw(affine(draw(st.permutations(leaves))))
+    inner = draw(index_math(leaves, depth - 1))
+    kind = draw(st.sampled_from(["affine", "idiv", "mod"]))
+    if kind == "affine":
+        return draw(affine([inner, *leaves]))
+    divisor = index(draw(st.sampled_from(DIVISORS)))
+    return inner // divisor if kind == "idiv" else inner % divisor
+
+
+@st.composite
+def decisions(draw, leaves: list[UOp]) -> UOp:
+    """A comparison, MAX or MIN of index math against a constant at the edge of its bounds or more index math."""
+    x = draw(index_math(leaves, depth=draw(st.integers(0, 1))))
+    y = index(draw(near_bounds(x))) if draw(st.booleans()) else draw(index_math(leaves, depth=0))
+    op = draw(st.sampled_from(COMPARE_OPS + [Ops.MAX, Ops.MIN]))
+    if op in (Ops.MAX, Ops.MIN):
+        return UOp(op, dtypes.index, (x, y))
+    return x.alu(op, y).where(x, draw(index_math(leaves, depth=0)))
+
+
+@st.composite
+def trees(draw, leaves: list[UOp], depth: int) -> UOp:
+    """A free-form index expression over `leaves`, at most `depth` operators deep."""
     kind = draw(st.sampled_from(KINDS if depth > 0 else ["leaf", "leaf", "leaf", "const"]))
     if kind == "leaf":
         return draw(st.sampled_from(leaves))
     if kind == "const":
-        return index(draw(constants(ranges)))
-    sub = expressions(ranges, leaves, depth - 1)
+        return index(draw(st.integers(-20, 20)))
+    sub = trees(leaves, depth - 1)
     if kind == "affine":
-        terms = [draw(sub) * draw(st.sampled_from(FACTORS + [-1, -4])) for _ in range(draw(st.integers(1, 3)))]
-        return sum(terms[1:], terms[0]) + draw(constants(ranges))
+        return draw(affine([draw(sub) for _ in range(3)]))
     if kind == "div":
-        return UOp(draw(st.sampled_from([Ops.IDIV, Ops.MOD])), dtypes.index, (draw(sub), index(draw(divisors()))))
+        divisor = index(draw(st.sampled_from(DIVISORS)))
+        return UOp(draw(st.sampled_from([Ops.IDIV, Ops.MOD])), dtypes.index, (draw(sub), divisor))
     if kind == "binary":
         op = draw(st.sampled_from([Ops.ADD, Ops.MUL, Ops.SUB, Ops.MAX, Ops.MIN]))
-        return UOp(op, dtypes.index, (draw(sub), draw(st.one_of(sub, st.builds(index, constants(ranges))))))
+        return UOp(op, dtypes.index, (draw(sub), draw(sub)))
     if kind == "neg":
         return -draw(sub)
-    condition = draw(sub).alu(draw(st.sampled_from(COMPARE_OPS)), draw(st.one_of(sub, st.builds(index, constants(ranges)))))
-    return condition.where(draw(sub), draw(sub))
+    x = draw(sub)
+    return x.alu(draw(st.sampled_from(COMPARE_OPS)), index(draw(near_bounds(x)))).where(draw(sub), draw(sub))
+
+
+def points(ranges: list[UOp], rng: random.Random) -> list[dict[UOp, int]]:
+    """Every corner of the ranges' box (with the free variable at -1, 0 and 1), then random points inside it."""
+    corners = [dict(zip(ranges, corner, strict=True)) for corner in itertools.product(*[(0, r.vmax) for r in ranges])]
+    inside = [{r: rng.randint(0, r.vmax) for r in ranges} for _ in range(48)]
+    return [{**point, FREE: v} for point in corners for v in (-1, 0, 1)] + [
+        {**point, FREE: rng.choice(FREE_VALUES)} for point in inside
+    ]
 
 
 @st.composite
-def points(draw, ranges: list[UOp]) -> dict[UOp, int]:
-    """Values for the ranges, within their bounds and often at an end, and for the free variable."""
-    values = {r: draw(st.one_of(st.just(0), st.just(r.vmax), st.integers(0, r.vmax))) for r in ranges}
-    return {**values, FREE: draw(st.one_of(st.integers(-2, 2), st.integers(-40, 40)))}
-
-
-@st.composite
-def expressions_and_points(draw) -> tuple[UOp, list[dict[UOp, int]]]:
-    """An expression over 1 to 3 ranges (maybe a free variable too), and 8 points to evaluate it at."""
+def cases(draw, shape: str) -> tuple[UOp, list[dict[UOp, int]]]:
+    """An expression of the given shape over 1 to 3 ranges (maybe a free variable too), and the points to check."""
     sizes = draw(st.lists(st.integers(1, 20), min_size=1, max_size=3))
     ranges = [UOp.range(size, axis) for axis, size in enumerate(sizes)]
     leaves = ranges + ([FREE] if draw(st.booleans()) else [])
-    return draw(expressions(ranges, leaves, depth=3)), draw(st.lists(points(ranges), min_size=8, max_size=8))
+    if shape == "index_math":
+        expr = draw(index_math(leaves, depth=draw(st.integers(0, 3))))
+    elif shape == "decisions":
+        expr = draw(decisions(leaves))
+    else:
+        expr = draw(trees(leaves, depth=3))
+    return expr, points(ranges, random.Random(draw(st.integers(0, 2**32))))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(expressions_and_points())
-def test_simplify_preserves_value(case):
-    expr, env_list = case
+def check_equivalent(expr: UOp, envs: list[dict[UOp, int]]) -> None:
     simplified = simplify(expr)
-    for env in env_list:
+    for env in envs:
         value = evaluate(expr, env)
         assert evaluate(simplified, env) == value, f"{expr} -> {simplified} at {env}"
         assert expr.vmin <= value <= expr.vmax, f"bounds of {expr} miss {value} at {env}"
     assert simplify(simplified) is simplified, f"{expr} -> {simplified} is not a fixpoint"
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(expressions_and_points())
-def test_simplify_never_grows_the_graph_much(case):
-    expr, _ = case
-    assert len(simplify(expr).toposort) <= 2 * len(expr.toposort) + 4
+EQUIVALENCE = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@EQUIVALENCE
+@given(cases("index_math"))
+def test_index_math_keeps_its_value(case):
+    check_equivalent(*case)
+
+
+@EQUIVALENCE
+@given(cases("decisions"))
+def test_decisions_keep_their_value(case):
+    check_equivalent(*case)
+
+
+@EQUIVALENCE
+@given(cases("trees"))
+def test_free_form_trees_keep_their_value(case):
+    check_equivalent(*case)
