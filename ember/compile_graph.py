@@ -116,7 +116,8 @@ def compile_kernels(rendered: dict[int, tuple[RenderedKernel, tuple[str, ...]]],
         metrics.code_cache_hits += result.cache_hit
         metrics.code_cache_misses += not result.cache_hit
         # identical kernels share one loaded function: the symbol is a content hash
-        binaries[i] = KernelBinary(result.symbol, str(result.path), result.symbol, rendered[i][1])
+        errors = tuple((e.error, e.message) for e in rendered[i][0].errors)
+        binaries[i] = KernelBinary(result.symbol, str(result.path), result.symbol, rendered[i][1], errors)
     return binaries
 
 

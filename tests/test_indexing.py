@@ -392,7 +392,6 @@ def test_constant_index_out_of_range_raises_as_in_eager():
         torch.compile(fn, backend="ember", dynamic=False)(x)
 
 
-@pytest.mark.xfail(reason="kernels cannot raise yet: out-of-range indices are clamped, see indexing.py", strict=True)
 @pytest.mark.parametrize("op", ["index", "gather", "index_select", "embedding"])
 def test_runtime_index_out_of_range_raises(op):
     fn = {

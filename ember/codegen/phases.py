@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import itertools
 
-from ember.uop.dtypes import DType
-from ember.uop.ops import AccArg, Ops, RangeArg, UOp, normalize_const, substitute
+from ember.uop.dtypes import DType, dtypes
+from ember.uop.ops import AccArg, CheckArg, Ops, RangeArg, UOp, normalize_const, substitute
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from ember.uop.symbolic import pm_symbolic
 
@@ -23,8 +23,30 @@ def full_rewrite(sink: UOp) -> UOp:
     sink = graph_rewrite(sink, pm_unique_reduce_ranges, ctx={})  # early
     sink = order_loops(sink)  # optimize
     sink = graph_rewrite(sink, pm_lower_reduce, ctx=itertools.count())  # lower
-    sink = graph_rewrite(sink, pm_symbolic)  # lower: fold what reduce lowering exposed
+    sink = check_integer_division(sink)  # lower
+    sink = graph_rewrite(sink, pm_symbolic + pm_checks)  # lower: fold what reduce lowering exposed
     return sink
+
+
+def check_integer_division(sink: UOp) -> UOp:
+    """Integer division by zero raises in eager: each integer IDIV/MOD whose divisor may be
+    zero reports it, as eager does: RuntimeError("ZeroDivisionError") (Note: kernel errors,
+    renderer/cpp.py)."""
+    error = CheckArg("RuntimeError", "ZeroDivisionError: integer division by zero")
+    mapping = {
+        u: UOp(Ops.CHECK, u.dtype, (u, u.src[1].alu(Ops.CMPNE, u.src[1].const_like(0))), error)
+        for u in sink.toposort
+        if u.op in (Ops.IDIV, Ops.MOD) and u.dtype.is_int and u.dtype is not dtypes.index
+        and not (u.src[1].vmin > 0 or u.src[1].vmax < 0)
+    }  # fmt: skip
+    return substitute(sink, mapping) if mapping else sink
+
+
+pm_checks = PatternMatcher(
+    [
+        (UPat(Ops.CHECK, src=(UPat.var("x"), UPat.const(True))), lambda x: x),  # CHECK(x, True) -> x
+    ]
+)
 
 
 # ---- early: every REDUCE owns its ranges ------------------------------------------------

@@ -21,11 +21,11 @@ Note: reads must be in bounds
 Note: out-of-range indices
     Eager raises for an index outside [-size, size) (gather, index_select and embedding:
     outside [0, size)). Kernels cannot raise yet, so every index that comes from data is
-    clamped into [0, size-1] (`data_index`): the read is always in bounds, and only a
-    result eager would have refused is wrong. What compile time can see goes to the aten
+    clamped into [0, size-1] (`data_index`): the read is always in bounds. What compile time can see goes to the aten
     fallback, which raises eager's error at run time: an index tensor that is a graph
     constant with a bad value, or a dim of size 0 indexed by a non-empty result.
-    Missing: a run-time error flag set by the kernel where the clamp changes an index.
+    The clamped index is wrapped in a CHECK: the kernel sets its error flag where the index
+    was out of range, and the wrapper raises IndexError after the call.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from ember.lower.values import (
     slice_dim,
 )
 from ember.uop.dtypes import DType, dtypes, from_torch
-from ember.uop.ops import Ops, UOp
+from ember.uop.ops import CheckArg, Ops, UOp
 
 aten = torch.ops.aten
 
@@ -64,13 +64,15 @@ def clamped(i: UOp, low: int, high: int) -> UOp:
     return i.alu(Ops.MAX, const_index(low)).alu(Ops.MIN, const_index(high))
 
 
-def data_index(value: UOp, size: int, wrap_negative: bool) -> UOp:
+def data_index(value: UOp, size: int, wrap_negative: bool, op: str = "indexing") -> UOp:
     """An index loaded from data, as a safe position in a dim of `size` (Note: out-of-range
     indices); with `wrap_negative`, -size..-1 count from the end, as in Python."""
     i = value.cast(dtypes.index)
     if wrap_negative:
         i = i.lt(0).where(i + size, i)
-    return clamped(i, 0, size - 1)
+    in_range = const_index(-1).alu(Ops.CMPLT, i).alu(Ops.AND, i.lt(size))
+    error = CheckArg("IndexError", f"{op}: index out of range for a dimension of size {size}")
+    return UOp(Ops.CHECK, dtypes.index, (clamped(i, 0, size - 1), in_range), error)
 
 
 def identity_axes(ndim: int) -> list[UOp]:
@@ -127,7 +129,7 @@ def lower_gather(ctx, node, x: TensorValue, dim: int, index: TensorValue, sparse
     refuse_unreadable(x, [dim], index.numel, "gather")
     refuse_bad_constant(ctx, index, x.shape[dim], False, "gather")
     positions = identity_axes(x.ndim)
-    positions[dim] = data_index(index.body, x.shape[dim], wrap_negative=False)
+    positions[dim] = data_index(index.body, x.shape[dim], wrap_negative=False, op="gather")
     return x.reindex(index.shape, positions)
 
 
@@ -142,7 +144,7 @@ def lower_index_select(ctx, node, x: TensorValue, dim: int, index: TensorValue) 
     refuse_bad_constant(ctx, index, x.shape[dim], False, "index_select")
     chosen = index.reindex(shape, [axis(dim)] if index.ndim == 1 else [])
     positions = identity_axes(x.ndim)
-    positions[dim] = data_index(chosen.body, x.shape[dim], wrap_negative=False)
+    positions[dim] = data_index(chosen.body, x.shape[dim], wrap_negative=False, op="index_select")
     return x.reindex(shape, positions)
 
 
@@ -157,7 +159,7 @@ def lower_embedding(ctx, node, weight: TensorValue, indices: TensorValue, paddin
     refuse_unreadable(weight, [0], math.prod(shape), "embedding")
     refuse_bad_constant(ctx, indices, weight.shape[0], False, "embedding")
     rows = indices.reindex(shape, identity_axes(indices.ndim))
-    return weight.reindex(shape, [data_index(rows.body, weight.shape[0], wrap_negative=False), axis(indices.ndim)])
+    return weight.reindex(shape, [data_index(rows.body, weight.shape[0], False, "embedding"), axis(indices.ndim)])
 
 
 @register(aten.index.Tensor)
@@ -185,7 +187,7 @@ def lower_index(ctx, node, x: TensorValue, indices) -> TensorValue:
         positions[d] = axis(out_axis)
     for d in indexed:
         chosen = broadcast_to(indices[d], broadcast).reindex(shape, index_axes)
-        positions[d] = data_index(chosen.body, x.shape[d], wrap_negative=True)
+        positions[d] = data_index(chosen.body, x.shape[d], wrap_negative=True, op="index")
     return x.reindex(shape, positions)
 
 

@@ -3,16 +3,22 @@
 A renderer is a table from ops to C++ expressions plus what is specific to C++: types,
 literals, loops and OpenMP. Semantics that C lacks (NaN-propagating max, safe integer
 division, integer powers, shifts past the width) come from the small prelude below.
+
+Note: kernel errors
+    A kernel with CHECKs takes one more parameter, `int32_t* ember_error`; a failed check
+    stores its code (1 + its position in `RenderedKernel.errors`) there and the kernel goes
+    on with a safe value. The wrapper raises the matching Python exception after the call.
+    Racing threads store nonzero codes to one int: whichever lands, an error is reported.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ember.uop.dtypes import DType, dtypes
-from ember.uop.ops import Ops, UOp
+from ember.uop.ops import CheckArg, Ops, UOp
 
 # Note: no contraction. gcc fuses a*b+c into one FMA across statements by default (clang within
 # one expression); eager rounds the product and the sum separately, so kernels must too.
@@ -23,7 +29,7 @@ PRELUDE = r"""#pragma GCC optimize("fp-contract=off")
 #include <climits>
 template <typename T> static inline T ember_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
 template <typename T> static inline T ember_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
-// Note: integer division by zero raises in eager; here it gives 0 instead of a crash.
+// Integer division by zero gives 0 here, never a crash; a CHECK reports it (Note: kernel errors).
 template <typename T> static inline T ember_idiv(T a, T b) {
   return b == 0 ? 0 : (b == -1 ? (T)(0 - (uint64_t)a) : a / b);
 }
@@ -120,6 +126,7 @@ class RenderedKernel:
     name: str
     source: str
     params: list[tuple[str, DType, bool]]  # (name, dtype, written)
+    errors: list[CheckArg] = field(default_factory=list)  # error code i+1 is errors[i]
 
 
 def render(name: str, program: list[UOp], written: frozenset[str], parallel_threshold: int,
@@ -129,10 +136,13 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
                      key=lambda b: int(b.arg.name[1:]))  # fmt: skip
     params = [(b.arg.name, b.dtype, b.arg.name in written) for b in buffers]
     signature = ", ".join(f"{'' if w else 'const '}{d.ctype}* __restrict__ {n}" for n, d, w in params)
-    body = _render_body(program, parallel_threshold)
+    errors = list(dict.fromkeys(u.arg for u in program if u.op is Ops.CHECK))
+    if errors:  # Note: kernel errors
+        signature += ", int32_t* ember_error"
+    body = _render_body(program, parallel_threshold, errors)
     declarations = simd_declarations(simd_math) + reduction_declarations(program)
     source = f'{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n{body}}}\n'
-    return RenderedKernel(name, source, params)
+    return RenderedKernel(name, source, params, errors)
 
 
 def simd_declarations(functions: tuple[tuple[str, int], ...]) -> str:
@@ -195,7 +205,7 @@ def _clause_op(acc: UOp) -> str:
     return _reduction_name(combine.name, acc.dtype.ctype)
 
 
-def _render_body(program: list[UOp], parallel_threshold: int) -> str:
+def _render_body(program: list[UOp], parallel_threshold: int, errors: list[CheckArg]) -> str:
     names: dict[UOp, str] = {}
     lines: list[str] = []
     depth = 1
@@ -234,6 +244,9 @@ def _render_body(program: list[UOp], parallel_threshold: int) -> str:
             lines.append(f"{pad}{acc} = {combined};")
         elif u.op is Ops.ACC_READ:
             names[u] = names[u.src[0]]
+        elif u.op is Ops.CHECK:
+            names[u] = ref(u.src[0])
+            lines.append(f"{pad}if (!{ref(u.src[1])}) ember_error[0] = {errors.index(u.arg) + 1};")
         else:
             names[u] = f"v{counter}"
             counter += 1

@@ -93,7 +93,7 @@ SIMD_MATH_CANDIDATES = {
 }  # fmt: skip
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def simd_math_functions() -> tuple[tuple[str, int], ...]:
     """(name, arity) of the math functions glibc's libmvec has vector versions of, so that
     kernels can declare them `simd` and gcc vectorizes loops that call them."""

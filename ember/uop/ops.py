@@ -38,6 +38,7 @@ class Ops(enum.Enum):
     ACC_UPDATE = enum.auto()  # src: (DEFINE_ACC, value, *reduce RANGEs); acc = combine(acc, value)
     ACC_READ = enum.auto()  # src: (DEFINE_ACC, ACC_UPDATE); the reduced value after the loop
     ENDRANGE = enum.auto()  # linearizer only: closes src[0]
+    CHECK = enum.auto()  # src: (value, ok); the value, and a run-time error where `ok` is false; arg: CheckArg
     # unary
     NEG = enum.auto()
     NOT = enum.auto()  # logical not (bool) / bitwise not (int)
@@ -129,6 +130,14 @@ class AccArg:
     combine: Ops
     identity: Any
     id: int
+
+
+@dataclass(frozen=True)
+class CheckArg:
+    """A run-time error a kernel reports: the Python exception type's name and its message."""
+
+    error: str  # "IndexError" | "ZeroDivisionError" | "RuntimeError"
+    message: str
 
 
 class _UOpMeta(type):

@@ -42,9 +42,12 @@ class Allocate:
 class KernelCall:
     kernel: str
     args: list[str]
+    can_fail: bool = False  # the kernel reports errors through the wrapper's flag
 
     def render(self) -> str:
-        return f"{self.kernel}({', '.join(f'{a}.data_ptr()' for a in self.args)})"
+        pointers = [f"{a}.data_ptr()" for a in self.args] + (["_error.address"] if self.can_fail else [])
+        call = f"{self.kernel}({', '.join(pointers)})"
+        return f"{call}; _error.check({self.kernel}_errors)" if self.can_fail else call
 
 
 @dataclass

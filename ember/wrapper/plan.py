@@ -52,7 +52,7 @@ def plan_memory(lines: list) -> tuple[list, int]:
             pool.setdefault(_key(line.buffer), []).append(i)
         elif isinstance(line, L.Allocate) and pool.get(_key(line.buffer)):
             size = nbytes(line.buffer)
-            for position, j in enumerate(reversed(pool[_key(line.buffer)])):
+            for j in reversed(pool[_key(line.buffer)]):
                 if max(timeline[j:i], default=0) + size <= peak:
                     pool[_key(line.buffer)].remove(j)
                     old = lines[j].buffer

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import builtins
+import ctypes
+
 import torch
 from torch.utils._pytree import tree_leaves
 
 from ember.runtime.cpu import load_kernel
 
 as_strided = torch.as_strided
-__all__ = ["as_strided", "assert_layout", "empty_strided", "ensure_layout", "load_kernel", "tree_leaves"]
+__all__ = [
+    "KernelErrorFlag", "as_strided", "assert_layout", "empty_strided", "ensure_layout", "load_kernel", "tree_leaves",
+]  # fmt: skip
 
 
 def empty_strided(size, stride, dtype):
@@ -35,3 +40,18 @@ def ensure_layout(t: torch.Tensor, size: tuple, stride: tuple) -> torch.Tensor:
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out
+
+
+class KernelErrorFlag:
+    """The int a wrapper's kernels set when a check fails (Note: kernel errors, cpp.py)."""
+
+    def __init__(self) -> None:
+        self.flag = ctypes.c_int32(0)
+        self.address = ctypes.addressof(self.flag)
+
+    def check(self, errors: list[tuple[str, str]]) -> None:
+        code = self.flag.value
+        if code:
+            self.flag.value = 0
+            kind, message = errors[code - 1]
+            raise getattr(builtins, kind, RuntimeError)(f"{message} (reported by an ember kernel)")

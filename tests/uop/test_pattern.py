@@ -6,8 +6,6 @@ import gc
 import math
 import weakref
 
-import pytest
-
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import Ops, UOp, substitute
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite

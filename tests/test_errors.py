@@ -1,0 +1,39 @@
+"""Errors on data are raised as eager raises them, and the compiled graph stays usable."""
+
+import pytest
+import torch
+
+from tests.helpers import check, compile_fn
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_integer_division_by_zero_raises_like_eager(dtype):
+    fn = lambda a, b: (a // b, a % b, torch.div(a, b, rounding_mode="trunc"))
+    a, b = torch.tensor([7, -7, 5], dtype=dtype), torch.tensor([2, 3, 0], dtype=dtype)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(a, b)
+    compiled = compile_fn(fn)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        compiled(a, b)
+    b[2] = -4
+    for got, want in zip(compiled(a, b), fn(a, b)):
+        assert torch.equal(got, want)
+
+
+def test_division_by_a_nonzero_constant_needs_no_check():
+    check(lambda a: (a // 3, a % -2), torch.arange(-6, 6))
+
+
+def test_gather_out_of_range_raises_then_recovers():
+    fn = lambda x, i: torch.gather(x, 1, i) * 2
+    x, i = torch.randn(4, 5), torch.randint(0, 5, (4, 3))
+    compiled = compile_fn(fn)
+    torch.testing.assert_close(compiled(x, i), fn(x, i))
+    i[1, 2] = 7
+    with pytest.raises(IndexError, match="out of range"):
+        compiled(x, i)
+    i[1, 2] = -1
+    with pytest.raises(IndexError, match="out of range"):
+        compiled(x, i)
+    i[1, 2] = 4
+    torch.testing.assert_close(compiled(x, i), fn(x, i))
