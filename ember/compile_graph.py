@@ -29,10 +29,10 @@ from ember.errors import EmberError
 from ember.lower import lower_graph
 from ember.metrics import metrics
 from ember.renderer.cpp import RenderedKernel, render
-from ember.runtime.cache import content_hash
-from ember.runtime.cpu import CompiledKernel, compile_cpp, simd_math_functions
+from ember.runtime import graph_cache
+from ember.runtime.cpu import CompiledKernel, compile_cpp, compiler_identity, simd_math_functions
 from ember.schedule import KernelStep, schedule
-from ember.wrapper.python import KernelBinary, generate_wrapper, load_wrapper
+from ember.wrapper.python import KernelBinary, WrapperSource, generate_wrapper, load_wrapper
 
 
 @contextlib.contextmanager
@@ -50,9 +50,28 @@ def stage(name: str, timings: dict[str, float]) -> Iterator[None]:
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config) -> Callable:
-    timings: dict[str, float] = {}
-    debug = DebugDump(config.debug, config.debug_dir, content_hash(gm.code, repr(_input_metadata(example_inputs))))
+    cache_dir = Path(config.cache_dir)
+    versions = f"{ember.__version__} {compiler_identity(config.cxx)} {simd_math_functions()}"
+    key = graph_cache.graph_key(gm, example_inputs, config.cache_key(), versions)
+    debug = DebugDump(config.debug, config.debug_dir, key)
     debug.write("fx_graph.txt", gm.print_readable(print_output=False))
+    # a debug run wants every stage's dump, so it never loads a graph whole
+    call = _load_cached(gm, key, config) if config.graph_cache and not config.debug else None
+    if call is None:
+        call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug)
+        graph_cache.store(cache_dir, key, source, objects, summary)
+    else:
+        summary = call.summary
+    if config.explain_file:
+        with open(config.explain_file, "a") as f:
+            f.write(summary.explanation)
+    _record(summary)
+    return call
+
+
+def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump) -> tuple:
+    """Every stage, in order; returns the loaded wrapper, its source and a summary."""
+    timings: dict[str, float] = {}
     with stage("lower", timings):
         graph, lowering = lower_graph(gm, example_inputs)
     debug.write("ir.txt", describe_ir(graph))
@@ -70,22 +89,49 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
         wrapper = generate_wrapper(graph, steps, binaries)
         call, path = load_wrapper(wrapper, graph.constants, Path(config.cache_dir))
     debug.write("wrapper.py", wrapper.source)
-    if config.explain_file:
-        with open(config.explain_file, "a") as f:
-            f.write(f"=== graph with inputs {[b.name for b in graph.inputs]}\n")
-            f.write(describe_fusion(scheduled))
-            f.write(f"planned peak memory of intermediates: {wrapper.peak_bytes} bytes\n\n")
     debug.write("timings.txt", "".join(f"{k:10s} {v:.4f}s\n" for k, v in timings.items()))
-    metrics.graphs_compiled += 1
-    metrics.kernels_generated += len(rendered)
-    metrics.fusions += scheduled.fusions
-    metrics.fusion_refusals += len(scheduled.refusals)
-    metrics.extern_calls += sum(1 for s in steps if not isinstance(s, KernelStep))
-    metrics.fallback_calls += len(lowering.fallback_ops)
-    metrics.fallback_ops.update(lowering.fallback_ops)
+    explanation = (
+        f"=== graph with inputs {[b.name for b in graph.inputs]}\n{describe_fusion(scheduled)}"
+        f"planned peak memory of intermediates: {wrapper.peak_bytes} bytes\n\n"
+    )
+    summary = graph_cache.GraphSummary(
+        kernels=len(rendered), fusions=scheduled.fusions, refusals=len(scheduled.refusals),
+        extern_calls=sum(1 for s in steps if not isinstance(s, KernelStep)),
+        fallback_ops=list(lowering.fallback_ops), explanation=explanation,
+    )  # fmt: skip
+    return _finish(call, path, summary), wrapper.source, wrapper.objects, summary
+
+
+def _load_cached(gm: torch.fx.GraphModule, key: str, config: Config) -> Callable | None:
+    cache_dir = Path(config.cache_dir)
+    entry = graph_cache.load(cache_dir, key)
+    if entry is None:
+        return None
+    source, objects, summary = entry
+    try:
+        call, path = load_wrapper(WrapperSource(source, objects), graph_cache.graph_constants(gm), cache_dir)
+    except OSError:  # a kernel it loads is gone: rebuild the whole graph
+        graph_cache.discard(cache_dir, key)
+        return None
+    metrics.graph_cache_hits += 1
+    return _finish(call, path, summary)
+
+
+def _finish(call: Callable, path: Path, summary) -> Callable:
     call._boxed_call = True  # type: ignore[attr-defined]
     call.wrapper_path = path  # type: ignore[attr-defined]
+    call.summary = summary  # type: ignore[attr-defined]
     return call
+
+
+def _record(summary) -> None:
+    metrics.graphs_compiled += 1
+    metrics.kernels_generated += summary.kernels
+    metrics.fusions += summary.fusions
+    metrics.fusion_refusals += summary.refusals
+    metrics.extern_calls += summary.extern_calls
+    metrics.fallback_calls += len(summary.fallback_ops)
+    metrics.fallback_ops.update(summary.fallback_ops)
 
 
 def codegen_kernel(step: KernelStep, config: Config) -> tuple[RenderedKernel, tuple[str, ...]]:
@@ -119,10 +165,3 @@ def compile_kernels(rendered: dict[int, tuple[RenderedKernel, tuple[str, ...]]],
         errors = tuple((e.error, e.message) for e in rendered[i][0].errors)
         binaries[i] = KernelBinary(result.symbol, str(result.path), result.symbol, rendered[i][1], errors)
     return binaries
-
-
-def _input_metadata(example_inputs: list[Any]) -> list:
-    return [
-        (tuple(x.shape), x.stride(), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else type(x).__name__
-        for x in example_inputs
-    ]

@@ -27,6 +27,7 @@ class Config:
     parallel_threshold: int = _flag(32768, "EMBER_PARALLEL_THRESHOLD", True,
                                     "loop nests with fewer iterations run on one thread")  # fmt: skip
     fusion: bool = _flag(True, "EMBER_FUSION", True, "let the scheduler fuse computed buffers into kernels")
+    graph_cache: bool = _flag(True, "EMBER_GRAPH_CACHE", False, "load graphs compiled before from the cache")
     explain_file: str = _flag("", "EMBER_EXPLAIN_FILE", False, "append each graph's explanation to this file")
     compile_threads: int = _flag(8, "EMBER_COMPILE_THREADS", False, "kernels compiled in parallel")
 

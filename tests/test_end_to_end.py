@@ -50,18 +50,40 @@ def test_output_layout_follows_eager_when_dense():
     assert out.stride() == (x * 2).stride()
 
 
+SCRIPT = (
+    "import torch, ember\n"
+    "f = torch.compile(lambda x: (x * 3).cos() + 1, backend='ember')\n"
+    "assert torch.allclose(f(torch.ones(64, 64)), torch.full((64, 64), 3.0).cos() + 1)\n"
+    "m = ember.metrics\n"
+    "print('METRICS', m.graph_cache_hits, m.code_cache_hits, m.code_cache_misses, m.kernels_generated)\n"
+)
+
+
+def run_script(env: dict) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, check=True)
+    return next(line for line in done.stdout.splitlines() if line.startswith("METRICS")).split()[1:]
+
+
 def test_second_process_hits_code_cache(tmp_path):
-    script = (
-        "import torch, ember\n"
-        "f = torch.compile(lambda x: (x * 3).cos() + 1, backend='ember')\n"
-        "f(torch.ones(64, 64))\n"
-        "print(ember.metrics.code_cache_hits, ember.metrics.code_cache_misses)\n"
-    )
+    env = {**os.environ, "EMBER_CACHE_DIR": str(tmp_path / "cache"), "EMBER_GRAPH_CACHE": "0"}
+    assert run_script(env) == ["0", "0", "1", "1"]
+    assert run_script(env) == ["0", "1", "0", "1"]
+
+
+def test_second_process_loads_the_whole_graph_from_cache(tmp_path):
     env = {**os.environ, "EMBER_CACHE_DIR": str(tmp_path / "cache")}
-    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-    assert first.stdout.split() == ["0", "1"]
-    assert second.stdout.split() == ["1", "0"]
+    assert run_script(env) == ["0", "0", "1", "1"]
+    assert run_script(env) == ["1", "0", "0", "1"]  # no lowering, no codegen, no gcc
+
+
+def test_corrupt_cache_entries_are_rebuilt(tmp_path):
+    env = {**os.environ, "EMBER_CACHE_DIR": str(tmp_path / "cache")}
+    run_script(env)
+    for entry in (tmp_path / "cache").rglob("*"):
+        if entry.suffix in (".so", ".json"):
+            entry.write_bytes(b"garbage")
+    assert run_script(env) == ["0", "0", "1", "1"]
+    assert run_script(env) == ["1", "0", "0", "1"]
 
 
 def test_strict_mode_raises_with_stage(monkeypatch):

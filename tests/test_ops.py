@@ -8,8 +8,8 @@ once per session (tests/conftest.py). Combinations torch rejects are dropped bef
 Beyond `check`'s comparison with the float64 reference, exactly rounded ops must equal eager bit
 for bit, and zeros computed from the special values must have eager's sign.
 
-Integer division and remainder by zero raise in eager but give 0 in ember (see the prelude of
-ember/renderer/cpp.py), so integer divisors are drawn from nonzero values only.
+Integer division and remainder by zero raise (in eager, and in ember through a kernel check:
+tests/test_errors.py), so integer divisors here are drawn from nonzero values only.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def check_ops(ops: dict[str, Callable], *inputs, signed_zeros: bool = False, exa
     the float64 reference; with `signed_zeros`, zero results must also have eager's sign."""
     accepted = {name: fn for name, fn in ops.items() if torch_accepts(fn, inputs)}
     if not accepted:
-        pytest.skip("eager rejects every op for these inputs")
+        pytest.skip("torch rejects every op for these inputs")
     fns = tuple(accepted.values())
 
     def program(*xs):
@@ -544,6 +544,8 @@ CONSTANTS: dict[str, Callable[[torch.Tensor], object]] = {  # each is given x = 
     "arange_empty": lambda x: torch.arange(4, 2),
     "arange_int_dtype_float_step": lambda x: torch.arange(0, 5, 1.5, dtype=i64),
     "arange_in_expression": lambda x: x * torch.arange(5) + torch.arange(3).unsqueeze(1),
+}
+TENSOR_LITERALS: dict[str, Callable[[torch.Tensor], object]] = {  # graph constants (get_attr), not aten ops
     "tensor_scalar": lambda x: x + torch.tensor(2.5),
     "tensor_vector": lambda x: x * torch.tensor([1.0, -2.0, 3.0, 0.5, 0.0]),
     "scalar_tensor_int": lambda x: x + torch.tensor(3, dtype=i64),
@@ -552,6 +554,10 @@ CONSTANTS: dict[str, Callable[[torch.Tensor], object]] = {  # each is given x = 
 
 def test_constants():
     check_ops(CONSTANTS, draw((3, 5), f32, "real"), signed_zeros=True, exact=CONSTANTS)
+
+
+def test_tensor_literals():
+    check_ops(TENSOR_LITERALS, draw((3, 5), f32, "real"), exact=TENSOR_LITERALS)
 
 
 # ---- views -----------------------------------------------------------------------------------

@@ -9,8 +9,11 @@ from ember.wrapper.plan import live_bytes, nbytes
 
 def compile_and_capture(model, x):
     """Compile with ember and return the planned wrapper of the (single) graph."""
+    import os
+
     from ember import compile_graph
 
+    os.environ["EMBER_GRAPH_CACHE"] = "0"  # generate the wrapper, even if an earlier test cached it
     captured = []
     original = compile_graph.generate_wrapper
 
@@ -25,6 +28,7 @@ def compile_and_capture(model, x):
             out = torch.compile(model, backend="ember")(x)
     finally:
         compile_graph.generate_wrapper = original
+        del os.environ["EMBER_GRAPH_CACHE"]
     return out, captured[-1]
 
 

@@ -114,4 +114,3 @@ def _add_mutation_order(nodes: list[SchedulerNode]) -> None:
             for earlier in nodes[:i]:
                 if buffer in earlier.read_buffers:
                     node.reads.append(WeakDep(earlier.name))
-
