@@ -24,7 +24,10 @@ aten = torch.ops.aten
 
 
 def reduced_dims(x: TensorValue, dims) -> list[int]:
-    """`dims` normalized; None or [] mean every dim, as in aten."""
+    """`dims` normalized; None or [] mean every dim, as in aten. A 0-d tensor has no dim to
+    reduce: dim 0 (or -1) of a scalar is the scalar itself."""
+    if x.ndim == 0:
+        return []
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return list(range(x.ndim))
     dims = [dims] if isinstance(dims, int) else list(dims)
@@ -56,6 +59,13 @@ def reduce(ctx: LoweringContext, x: TensorValue, dims: list[int], keepdim: bool,
     if ranges:
         body = UOp(Ops.REDUCE, body.dtype, (body, *ranges), combine)
     return TensorValue(tuple(out_shape), body.dtype, body)
+
+
+def refuse_empty_reduction(x: TensorValue, dims: list[int], op: str) -> None:
+    """A max-like reduction over a dim of size 0 has no identity and raises in eager: the
+    fallback reports it. Reducing an empty tensor over non-empty dims gives an empty result."""
+    if any(x.shape[d] == 0 for d in dims):
+        raise Unsupported(f"{op} over a dim of size 0 raises in eager")
 
 
 def count(x: TensorValue, dims: list[int]) -> int:
@@ -98,10 +108,10 @@ def lower_prod(ctx, node, x: TensorValue, dim=None, keepdim=False, *, dtype=None
 
 @register(aten.amax.default, aten.amin.default)
 def lower_amax_amin(ctx, node, x: TensorValue, dims=(), keepdim=False) -> TensorValue:
-    if x.numel == 0:
-        raise Unsupported("amax/amin of an empty tensor raises in eager")
+    dims = reduced_dims(x, dims)
+    refuse_empty_reduction(x, dims, "amax/amin")
     combine = Ops.MAX if node.target is aten.amax.default else Ops.MIN
-    return reduce(ctx, x, reduced_dims(x, dims), keepdim, combine, x.dtype)
+    return reduce(ctx, x, dims, keepdim, combine, x.dtype)
 
 
 @register(aten.any.dim, aten.any.dims, aten.any.default, aten.all.dim, aten.all.dims, aten.all.default)
@@ -114,6 +124,8 @@ def lower_any_all(ctx, node, x: TensorValue, dims=None, keepdim=False) -> Tensor
 
 def arg_extreme(ctx, x: TensorValue, dim: int, keepdim: bool, combine: Ops) -> TensorValue:
     """The first index of the max (min) along `dim`; the first NaN wins, as in eager."""
+    if x.ndim == 0:  # the scalar is its own extreme
+        return TensorValue((), dtypes.int64, UOp.const(dtypes.int64, 0))
     extreme = reduce(ctx, x, [dim], True, combine, x.dtype)
     size = x.shape[dim]
 
@@ -133,8 +145,7 @@ def read_keepdim(reduced: TensorValue, index: list[UOp], dims: list[int]) -> UOp
 
 @register(aten.argmax.default, aten.argmin.default)
 def lower_argmax(ctx, node, x: TensorValue, dim=None, keepdim=False) -> TensorValue:
-    if x.numel == 0:
-        raise Unsupported("argmax/argmin of an empty tensor raises in eager")
+    refuse_empty_reduction(x, reduced_dims(x, dim), "argmax/argmin")
     combine = Ops.MAX if node.target is aten.argmax.default else Ops.MIN
     if dim is None:
         flat = x.reindex((x.numel,), _flat_axes(x)) if x.ndim != 1 else x
@@ -153,8 +164,7 @@ def _flat_axes(x: TensorValue) -> list[UOp]:
 
 @register(aten.max.dim, aten.min.dim)
 def lower_max_dim(ctx, node, x: TensorValue, dim: int, keepdim=False) -> tuple[TensorValue, TensorValue]:
-    if x.numel == 0:
-        raise Unsupported("max/min of an empty tensor raises in eager")
+    refuse_empty_reduction(x, reduced_dims(x, dim), "max/min")
     combine = Ops.MAX if node.target is aten.max.dim else Ops.MIN
     dim = dim % max(x.ndim, 1)
     values = reduce(ctx, x, [dim], keepdim, combine, x.dtype)
@@ -163,8 +173,7 @@ def lower_max_dim(ctx, node, x: TensorValue, dim: int, keepdim=False) -> tuple[T
 
 @register(aten.max.default, aten.min.default)
 def lower_max_all(ctx, node, x: TensorValue) -> TensorValue:
-    if x.numel == 0:
-        raise Unsupported("max/min of an empty tensor raises in eager")
+    refuse_empty_reduction(x, reduced_dims(x, None), "max/min")
     combine = Ops.MAX if node.target is aten.max.default else Ops.MIN
     return reduce(ctx, x, reduced_dims(x, None), False, combine, x.dtype)
 
@@ -219,8 +228,7 @@ def lower_vector_norm(ctx, node, x: TensorValue, ord=2, dims=None, keepdim=False
     dims = reduced_dims(x, dims)
     acc = dtypes.float64
     if ord in (math.inf, -math.inf):
-        if x.numel == 0:
-            raise Unsupported("inf-norm of an empty tensor raises in eager")
+        refuse_empty_reduction(x, dims, "inf-norm")
         norm = reduce(ctx, x, dims, keepdim, Ops.MAX if ord > 0 else Ops.MIN, acc,
                       value=lambda e, _: e.cast(acc).alu(Ops.ABS))  # fmt: skip
         return norm.with_body(norm.body.cast(out))

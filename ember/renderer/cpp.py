@@ -20,13 +20,10 @@ from dataclasses import dataclass, field
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import CheckArg, Ops, UOp
 
-# Note: no contraction. gcc fuses a*b+c into one FMA across statements by default (clang within
-# one expression); eager rounds the product and the sum separately, so kernels must too.
-PRELUDE = r"""#pragma GCC optimize("fp-contract=off")
-#pragma STDC FP_CONTRACT OFF
-#include <cmath>
-#include <cstdint>
-#include <climits>
+# No FMA contraction (-ffp-contract=off in runtime/cpu.py): eager rounds a product and a sum
+# separately, so kernels must too. (Not `#pragma GCC optimize`: it stops gcc from inlining
+# the helpers below into loops, which then do not vectorize.)
+PRELUDE = r"""#include <cstdint>
 template <typename T> static inline T ember_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
 template <typename T> static inline T ember_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
 // Integer division by zero gives 0 here, never a crash; a CHECK reports it (Note: kernel errors).
@@ -47,13 +44,19 @@ template <typename T, typename S> static inline T ember_shr(T a, S b) {
 }
 """
 
+# libm through gcc builtins: no <cmath> to parse (half of a small kernel's compile time).
+# A builtin binds to the C library function, so the simd declarations below still apply.
 UNARY_CALLS = {
-    Ops.EXP: "std::exp", Ops.EXP2: "std::exp2", Ops.EXPM1: "std::expm1", Ops.LOG: "std::log", Ops.LOG2: "std::log2",
-    Ops.LOG10: "std::log10", Ops.LOG1P: "std::log1p", Ops.SQRT: "std::sqrt", Ops.SIN: "std::sin", Ops.COS: "std::cos",
-    Ops.TAN: "std::tan", Ops.ASIN: "std::asin", Ops.ACOS: "std::acos", Ops.ATAN: "std::atan", Ops.SINH: "std::sinh",
-    Ops.COSH: "std::cosh", Ops.TANH: "std::tanh", Ops.ERF: "std::erf", Ops.FLOOR: "std::floor", Ops.CEIL: "std::ceil",
-    Ops.ROUND: "std::nearbyint", Ops.TRUNC: "std::trunc", Ops.ISNAN: "std::isnan", Ops.ISINF: "std::isinf",
+    Ops.EXP: "exp", Ops.EXP2: "exp2", Ops.EXPM1: "expm1", Ops.LOG: "log", Ops.LOG2: "log2", Ops.LOG10: "log10",
+    Ops.LOG1P: "log1p", Ops.SQRT: "sqrt", Ops.SIN: "sin", Ops.COS: "cos", Ops.TAN: "tan", Ops.ASIN: "asin",
+    Ops.ACOS: "acos", Ops.ATAN: "atan", Ops.SINH: "sinh", Ops.COSH: "cosh", Ops.TANH: "tanh", Ops.ERF: "erf",
+    Ops.FLOOR: "floor", Ops.CEIL: "ceil", Ops.ROUND: "nearbyint", Ops.TRUNC: "trunc", Ops.ABS: "fabs",
 }  # fmt: skip
+
+
+def libm(name: str, dtype: DType) -> str:
+    """The gcc builtin for libm function `name` at `dtype` (sinf for float, sin for double)."""
+    return f"__builtin_{name}{'f' if dtype is dtypes.float32 else ''}"
 INFIX = {
     Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPLE: "<=", Ops.CMPEQ: "==",
     Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^",
@@ -78,13 +81,13 @@ def _binary_call(u: UOp, a: str, b: str) -> str:
     if u.op is Ops.MOD:
         return f"({a} % {b})" if operand is dtypes.index else f"ember_mod<{operand.ctype}>({a}, {b})"
     if u.op is Ops.FMOD:
-        return f"std::fmod({a}, {b})"
+        return f"{libm('fmod', operand)}({a}, {b})"
     if u.op in (Ops.MAX, Ops.MIN):
         return f"ember_{u.op.name.lower()}<{operand.ctype}>({a}, {b})"
     if u.op is Ops.POW:
-        return f"std::pow({a}, {b})" if operand.is_float else f"ember_ipow<{operand.ctype}>({a}, {b})"
+        return f"{libm('pow', operand)}({a}, {b})" if operand.is_float else f"ember_ipow<{operand.ctype}>({a}, {b})"
     if u.op is Ops.ATAN2:
-        return f"std::atan2({a}, {b})"
+        return f"{libm('atan2', operand)}({a}, {b})"
     if u.op in (Ops.SHL, Ops.SHR):
         return f"ember_{u.op.name.lower()}<{operand.ctype}>({a}, {b})"
     return f"({a} {INFIX[u.op]} {b})"
@@ -99,11 +102,13 @@ def _unary_call(u: UOp, x: str) -> str:
         return f"(!{x})" if u.src[0].dtype.is_bool else f"(~{x})"
     if u.op is Ops.ABS and (unsigned := _wraps(u.dtype)) is not None:
         return f"({x} < 0 ? ({u.dtype.ctype})(0 - ({unsigned}){x}) : {x})"
-    if u.op is Ops.ABS:
-        return f"std::abs({x})"
+    if u.op is Ops.ABS and not u.dtype.is_float:
+        return f"({x} < 0 ? -{x} : {x})"
     if u.op is Ops.CAST:
         return f"static_cast<{u.dtype.ctype}>({x})"
-    return f"{UNARY_CALLS[u.op]}({x})"
+    if u.op in (Ops.ISNAN, Ops.ISINF):
+        return f"__builtin_{u.op.name.lower()}({x})"
+    return f"{libm(UNARY_CALLS[u.op], u.src[0].dtype)}({x})"
 
 
 def render_const(value: int | float | bool, dtype: DType) -> str:
@@ -112,9 +117,9 @@ def render_const(value: int | float | bool, dtype: DType) -> str:
     if dtype.is_float:
         suffix = "f" if dtype is dtypes.float32 else ""
         if math.isnan(value):
-            return "NAN"
+            return f"__builtin_nan{suffix}(\"\")"
         if math.isinf(value):
-            return f"{'-' if value < 0 else ''}INFINITY"
+            return f"{'-' if value < 0 else ''}__builtin_inf{suffix}()"
         return f"{value!r}{suffix}"
     if dtype.itemsize == 8:
         return "INT64_MIN" if value == -(2**63) else f"INT64_C({value})"

@@ -17,7 +17,9 @@ from pathlib import Path
 from ember.errors import EmberError
 from ember.runtime.cache import content_hash, entry_path, temp_path_beside, write_atomic
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-w")
+FLAGS = (
+    "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-ffp-contract=off", "-w",
+)  # fmt: skip
 
 
 @functools.cache
