@@ -16,6 +16,11 @@ aten = torch.ops.aten
 
 LOWERED_DIRECTLY = [aten.gelu, aten.hardtanh]
 
+# Extern kernels by design. The flash-attention forward must also stay whole: its
+# decomposition returns a logsumexp its (extern) backward does not accept, which gives
+# wrong gradients.
+KEPT_AS_EXTERN = [aten._scaled_dot_product_flash_attention_for_cpu]
+
 # Core aten ops that are composites of reductions and pointwise ops ember lowers.
 EXTRA = [
     aten._softmax, aten._log_softmax, aten._softmax_backward_data, aten._log_softmax_backward_data,
@@ -32,7 +37,7 @@ EXTRA = [
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(EXTRA))
-    for packet in LOWERED_DIRECTLY:
+    for packet in LOWERED_DIRECTLY + KEPT_AS_EXTERN:
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)
     return table

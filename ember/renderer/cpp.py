@@ -57,6 +57,8 @@ UNARY_CALLS = {
 def libm(name: str, dtype: DType) -> str:
     """The gcc builtin for libm function `name` at `dtype` (sinf for float, sin for double)."""
     return f"__builtin_{name}{'f' if dtype is dtypes.float32 else ''}"
+
+
 INFIX = {
     Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPLE: "<=", Ops.CMPEQ: "==",
     Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^",
@@ -117,7 +119,7 @@ def render_const(value: int | float | bool, dtype: DType) -> str:
     if dtype.is_float:
         suffix = "f" if dtype is dtypes.float32 else ""
         if math.isnan(value):
-            return f"__builtin_nan{suffix}(\"\")"
+            return f'__builtin_nan{suffix}("")'
         if math.isinf(value):
             return f"{'-' if value < 0 else ''}__builtin_inf{suffix}()"
         return f"{value!r}{suffix}"
