@@ -28,6 +28,7 @@ lint: setup
 	$(VENV)/bin/mypy ember/uop ember/codegen ember/renderer
 
 bench: setup
+	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(PY) -m benchmarks.run
 
 clean:

@@ -150,15 +150,15 @@ def _lower_outputs(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> list
 
 
 def _output_buffer(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue, taken: set[str]) -> BufferRef:
-    """A view of an input where eager returns one; an intermediate buffer as it is when no
-    other output or input shares it; otherwise a fresh buffer in eager's layout."""
+    """A view of an input where eager returns one; an intermediate buffer (or a view of it)
+    when no other output shares it; otherwise a fresh buffer in eager's layout."""
     if _aliases_graph_input(node):
         return ctx.realize(value, node.name)
     read = as_strided_read(value)
-    if read is not None:
+    if read is not None:  # a view of an intermediate nobody else sees: return the view, no copy
         buffer = ctx.buffers[read[0]]
-        if buffer.kind in ("computed", "extern") and buffer.name not in taken and read[1] == buffer.layout:
-            return BufferRef(buffer.name, buffer.layout, buffer.dtype)
+        if buffer.kind in ("computed", "extern") and buffer.name not in taken:
+            return BufferRef(buffer.name, read[1], buffer.dtype)
     return ctx.realize(value, node.name, _output_layout(node.meta.get("val"), value), fresh=True)
 
 

@@ -145,19 +145,26 @@ def as_strided_read(x: TensorValue) -> tuple[str, Layout] | None:
     if x.body.op is not Ops.LOAD:
         return None
     index = x.body.src[0]
-    coefficients = affine_coefficients(index.src[1], x.ndim)
+    coefficients = affine_coefficients(index.src[1], x.shape)
     if coefficients is None:
         return None
     offset, strides = coefficients
     return index.src[0].arg.name, Layout(x.shape, tuple(strides), offset)
 
 
-def affine_coefficients(expr: UOp, ndim: int) -> tuple[int, list[int]] | None:
+# Axes become loop variables with their sizes as bounds while simplifying, so that the
+# div/mod of a reshape folds away ((a*4 + b)//4 -> a needs 0 <= b < 4).
+BOUNDED_AXIS_BASE = 1 << 50
+
+
+def affine_coefficients(expr: UOp, shape: tuple[int, ...]) -> tuple[int, list[int]] | None:
     """(offset, strides) when `expr` is offset + sum(AXIS i * stride i), else None."""
     from ember.uop.symbolic import simplify
 
-    expr = simplify(expr)
-    strides = [0] * ndim
+    bounded = {axis(i): UOp.range(max(size, 1), BOUNDED_AXIS_BASE + i) for i, size in enumerate(shape)}
+    dim_of = {r: i for i, r in enumerate(bounded.values())}
+    expr = simplify(substitute(expr, bounded))
+    strides = [0] * len(shape)
     offset = 0
     terms = [expr]
     while terms:
@@ -166,12 +173,12 @@ def affine_coefficients(expr: UOp, ndim: int) -> tuple[int, list[int]] | None:
             terms.extend(t.src)
         elif t.op is Ops.CONST:
             offset += t.arg
-        elif t.op is Ops.AXIS:
-            strides[t.arg] += 1
-        elif t.op is Ops.MUL and t.src[0].op is Ops.AXIS and t.src[1].op is Ops.CONST:
-            strides[t.src[0].arg] += t.src[1].arg
-        elif t.op is Ops.MUL and t.src[1].op is Ops.AXIS and t.src[0].op is Ops.CONST:
-            strides[t.src[1].arg] += t.src[0].arg
+        elif t.op is Ops.RANGE and t in dim_of:
+            strides[dim_of[t]] += 1
+        elif t.op is Ops.MUL and t.src[0] in dim_of and t.src[1].op is Ops.CONST:
+            strides[dim_of[t.src[0]]] += t.src[1].arg
+        elif t.op is Ops.MUL and t.src[1] in dim_of and t.src[0].op is Ops.CONST:
+            strides[dim_of[t.src[1]]] += t.src[0].arg
         else:
             return None
     return offset, strides

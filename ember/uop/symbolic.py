@@ -315,6 +315,50 @@ def mod_remainder(x: UOp, m: UOp, c: UOp) -> UOp | None:
     return x % c if x.vmin >= 0 and m.arg > 0 and m.arg % c.arg == 0 else None
 
 
+def inner_factor(x: UOp, c: int) -> tuple[UOp, UOp, int] | None:
+    """x == f*q + r with f > 1 dividing c, q >= 0 and 0 <= r < f: (q, r, f), largest f first.
+    This is how a reshape's flat index looks: (a*256 + b) with 0 <= b < 256."""
+    if x.vmin < 0:
+        return None
+    for f in sorted({k for _, k in (coefficient(t) for t in addends(x)) if k > 1 and c % k == 0}, reverse=True):
+        quotient, remainder = split_multiples(x, f)
+        rest = sum_of(remainder, x)
+        if quotient and rest.vmin >= 0 and rest.vmax < f:
+            return sum_of(quotient, x), rest, f
+    return None
+
+
+def divide_by_inner_factor(x: UOp, c: UOp) -> UOp | None:
+    """(q*f + r) // (f*k) -> q // k when 0 <= r < f."""
+    if (split := inner_factor(x, c.arg)) is None:
+        return None
+    q, _, f = split
+    return q // c.const_like(c.arg // f)
+
+
+def mod_by_inner_factor(x: UOp, c: UOp) -> UOp | None:
+    """(q*f + r) % (f*k) -> (q % k)*f + r when 0 <= r < f."""
+    if (split := inner_factor(x, c.arg)) is None:
+        return None
+    q, r, f = split
+    return (q % c.const_like(c.arg // f)) * f + r
+
+
+def recombine_div_mod(u: UOp) -> UOp | None:
+    """(x//k)*(c*k) + (x%k)*c -> x*c: the two halves of one index, split and put back."""
+    terms = addends(u)
+    parts = [coefficient(t) for t in terms]
+    for i, (high, c1) in enumerate(parts):
+        if high is None or high.op is not Ops.IDIV or high.src[1].op is not Ops.CONST:
+            continue
+        x, k = high.src[0], high.src[1].arg
+        for j, (low, c2) in enumerate(parts):
+            if low is not None and low.op is Ops.MOD and low.src[0] is x and low.src[1] is high.src[1] and c1 == c2 * k:
+                rest = [t for n, t in enumerate(terms) if n not in (i, j)]
+                return sum_of([scaled(x, c2, u), *rest], u)
+    return None
+
+
 def with_positive_divisor(rule: Callable[..., UOp | None]) -> Callable[..., UOp | None]:
     """`rule`, declining every match whose constant divisor `c` is not positive."""
 
@@ -338,6 +382,9 @@ pm_division = PatternMatcher(
         (_bx % _bc, with_positive_divisor(mod_sum)),  # (x*c + y) % c -> y % c
         (_bx // _bc, with_positive_divisor(divide_common_factor)),  # (x*6 + y*4) // 4 -> (x*3 + y*2) // 2
         (_bx % _bc, with_positive_divisor(mod_common_factor)),  # (x*6 + y*4) % 4 -> ((x*3 + y*2) % 2) * 2
+        (_bx // _bc, with_positive_divisor(divide_by_inner_factor)),  # (q*f + r) // (f*k) -> q // k, 0 <= r < f
+        (_bx % _bc, with_positive_divisor(mod_by_inner_factor)),  # (q*f + r) % (f*k) -> (q % k)*f + r
+        (UPat(Ops.ADD, dtype=BOUNDED_INTS, name="u"), recombine_div_mod),  # (x//k)*(c*k) + (x%k)*c -> x*c
     ]
 )
 

@@ -1,0 +1,40 @@
+"""Smoke test of the benchmark harness: the two smallest workloads, tiny sizes, eager and ember,
+run end to end through `python -m benchmarks.run` (warm compile subprocess included)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.run import SOURCE_CHANGED
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_harness_produces_correct_rows(tmp_path):
+    out = tmp_path / "bench.json"
+    command = [sys.executable, "-m", "benchmarks.run", "--quick", "--strict", "--models", "mlp,attention"]
+    command += ["--compilers", "eager,ember", "--repeat", "2", "--warmup", "1", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    rows = {row["name"]: row for row in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"mlp", "attention"}
+    for name, row in rows.items():
+        errors = dict(row["errors"])
+        # Someone editing ember while the test runs makes the warm compile meaningless, not wrong.
+        source_changed = errors.pop("ember warm", None) == SOURCE_CHANGED
+        assert errors == {}, f"{name}: {errors}"
+        assert row["correct"] == {"eager": True, "ember": True}, f"{name}: {row['max_error']}"
+        assert row["ms"]["eager"] > 0 and row["ms"]["ember"] > 0
+        assert row["samples"] == 2
+        assert row["compile_s"]["ember"] > 0
+        assert row["ember_metrics"]["kernels_generated"] > 0
+        if not source_changed:
+            assert row["warm_compile_s"] > 0
+            assert row["ember_metrics"]["warm_code_cache_misses"] == 0, (
+                "the warm compile should find every kernel cached"
+            )
+    assert "\nmlp " in done.stdout and "geomean speedup over eager, ember" in done.stdout
