@@ -13,7 +13,7 @@ setup: $(VENV)/.ember-installed
 $(VENV)/.ember-installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,bench]"
 	touch $@
 
 demo: setup
@@ -28,7 +28,6 @@ lint: setup
 	$(VENV)/bin/mypy ember/uop ember/codegen ember/renderer
 
 bench: setup
-	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(PY) -m benchmarks.run
 
 clean:
