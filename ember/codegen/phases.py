@@ -15,7 +15,7 @@ import itertools
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import AccArg, CheckArg, Ops, RangeArg, UOp, normalize_const, substitute
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
-from ember.uop.symbolic import pm_symbolic
+from ember.uop.symbolic import linear_terms, pm_symbolic
 
 
 def full_rewrite(sink: UOp) -> UOp:
@@ -99,17 +99,12 @@ def order_loops(sink: UOp) -> UOp:
 def _coefficients(index: UOp) -> dict[UOp, int]:
     """Multiplier of each RANGE in a sum of products (ranges elsewhere count as 1)."""
     found: dict[UOp, int] = {}
-    terms = [index]
-    while terms:
-        t = terms.pop()
-        if t.op is Ops.ADD:
-            terms.extend(t.src)
-        elif t.op is Ops.RANGE:
-            found[t] = found.get(t, 0) + 1
-        elif t.op is Ops.MUL and t.src[0].op is Ops.RANGE and t.src[1].op is Ops.CONST:
-            found[t.src[0]] = found.get(t.src[0], 0) + t.src[1].arg
+    terms, _ = linear_terms(index)
+    for term, k in terms:
+        if term.op is Ops.RANGE:
+            found[term] = found.get(term, 0) + k
         else:
-            for r in t.ranges:
+            for r in term.ranges:
                 found.setdefault(r, 1)
     return found
 

@@ -159,26 +159,14 @@ BOUNDED_AXIS_BASE = 1 << 50
 
 def affine_coefficients(expr: UOp, shape: tuple[int, ...]) -> tuple[int, list[int]] | None:
     """(offset, strides) when `expr` is offset + sum(AXIS i * stride i), else None."""
-    from ember.uop.symbolic import simplify
+    from ember.uop.symbolic import linear_terms, simplify
 
     bounded = {axis(i): UOp.range(max(size, 1), BOUNDED_AXIS_BASE + i) for i, size in enumerate(shape)}
     dim_of = {r: i for i, r in enumerate(bounded.values())}
-    expr = simplify(substitute(expr, bounded))
+    terms, offset = linear_terms(simplify(substitute(expr, bounded)))
     strides = [0] * len(shape)
-    offset = 0
-    terms = [expr]
-    while terms:
-        t = terms.pop()
-        if t.op is Ops.ADD:
-            terms.extend(t.src)
-        elif t.op is Ops.CONST:
-            offset += t.arg
-        elif t.op is Ops.RANGE and t in dim_of:
-            strides[dim_of[t]] += 1
-        elif t.op is Ops.MUL and t.src[0] in dim_of and t.src[1].op is Ops.CONST:
-            strides[dim_of[t.src[0]]] += t.src[1].arg
-        elif t.op is Ops.MUL and t.src[1] in dim_of and t.src[0].op is Ops.CONST:
-            strides[dim_of[t.src[1]]] += t.src[0].arg
-        else:
+    for term, k in terms:
+        if term not in dim_of:
             return None
+        strides[dim_of[term]] += k
     return offset, strides

@@ -16,7 +16,7 @@ from ember.ir import ComputedBuffer, Layout
 from ember.lower.values import axis
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import Ops, UOp, substitute
-from ember.uop.symbolic import simplify
+from ember.uop.symbolic import linear_terms, simplify
 
 
 def align(sizes: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[list[int]]] | None:
@@ -53,9 +53,7 @@ def recomputed_member(sizes: list[tuple[int, ...]], alignment: tuple) -> int | N
 def axis_exprs(index: UOp, layout: Layout) -> list[UOp] | None:
     """Per-axis expressions whose position in `layout` is `index`, or None (see the Note)."""
     index = simplify(index)
-    terms, offset = _linear_terms(index)
-    if terms is None:
-        return None
+    terms, offset = linear_terms(index)
     exprs: list[UOp] = [UOp.const(dtypes.index, 0)] * len(layout.size)
     dims_by_stride = {st: d for d, (st, sz) in enumerate(zip(layout.stride, layout.size)) if sz != 1}
     for term, coefficient in terms:
@@ -75,24 +73,6 @@ def axis_exprs(index: UOp, layout: Layout) -> list[UOp] | None:
     if simplify(layout.index(exprs)) is not index:
         return None
     return exprs
-
-
-def _linear_terms(index: UOp) -> tuple[list[tuple[UOp, int]] | None, int]:
-    """index as sum(term * coefficient) + offset, terms being non-constant sub-expressions."""
-    terms: list[tuple[UOp, int]] = []
-    offset = 0
-    stack = [index]
-    while stack:
-        t = stack.pop()
-        if t.op is Ops.ADD:
-            stack.extend(t.src)
-        elif t.op is Ops.CONST:
-            offset += t.arg
-        elif t.op is Ops.MUL and t.src[1].op is Ops.CONST:
-            terms.append((t.src[0], t.src[1].arg))
-        else:
-            terms.append((t, 1))
-    return terms, offset
 
 
 def resolve_bodies(group: list[ComputedBuffer]) -> dict[str, UOp] | str:

@@ -210,6 +210,19 @@ def addends(u: UOp) -> list[UOp]:
     return terms
 
 
+def linear_terms(index: UOp) -> tuple[list[tuple[UOp, int]], int]:
+    """`index` as sum(term * coefficient) + offset: its addends split into a non-constant
+    term and a constant multiplier, and the constant addends summed."""
+    terms, offset = [], 0
+    for addend in addends(index):
+        base, k = coefficient(addend)
+        if base is None:
+            offset += k
+        else:
+            terms.append((base, k))
+    return terms, offset
+
+
 def sum_of(terms: list[UOp], like: UOp) -> UOp:
     """terms[0] + terms[1] + ..., or a 0 of `like`'s dtype when there are none."""
     return functools.reduce(operator.add, terms) if terms else like.const_like(0)
