@@ -5,8 +5,10 @@ PY := $(VENV)/bin/python
 # torch==2.13.0 is the CPU build on these machines; a looser pin pulls a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 JOBS ?= auto
+DTYPE ?= float32
+CONFORMANCE_JOBS ?= 2
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench conformance clean
 
 setup: $(VENV)/.ember-installed
 
@@ -29,6 +31,10 @@ lint: setup
 
 bench: setup
 	$(PY) -m benchmarks.run
+
+# The OpInfo sweep: every op_db entry through ember vs eager; prints totals and fallbacks.
+conformance: setup
+	$(PY) -m tests.conformance --dtype $(DTYPE) --jobs $(CONFORMANCE_JOBS) $(CONFORMANCE_ARGS)
 
 clean:
 	rm -rf $(VENV) ember_debug .pytest_cache

@@ -11,6 +11,7 @@ wrapper   -> Python `call(args)`, written to the cache and imported
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,7 @@ from ember.lower import lower_graph
 from ember.metrics import metrics
 from ember.renderer.cpp import RenderedKernel, render
 from ember.runtime import graph_cache
+from ember.runtime.cache import content_hash
 from ember.runtime.cpu import CompiledKernel, compile_cpp, compiler_identity, simd_math_functions
 from ember.schedule import KernelStep, schedule
 from ember.wrapper.python import KernelBinary, WrapperSource, generate_wrapper, load_wrapper
@@ -51,7 +53,7 @@ def stage(name: str, timings: dict[str, float]) -> Iterator[None]:
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config) -> Callable:
     cache_dir = Path(config.cache_dir)
-    versions = f"{ember.__version__} {compiler_identity(config.cxx)} {simd_math_functions()}"
+    versions = f"{ember_source_hash()} {compiler_identity(config.cxx)} {simd_math_functions()}"
     key = graph_cache.graph_key(gm, example_inputs, config.cache_key(), versions)
     debug = DebugDump(config.debug, config.debug_dir, key)
     debug.write("fx_graph.txt", gm.print_readable(print_output=False))
@@ -80,7 +82,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         steps = scheduled.steps
     debug.write("fusion.txt", describe_fusion(scheduled))
     with stage("codegen", timings):
-        rendered = {i: codegen_kernel(s, config) for i, s in enumerate(steps) if isinstance(s, KernelStep)}
+        rendered = {i: codegen_kernel(s, config) for i, s in enumerate(steps) if _has_work(s)}
     for kernel, _ in rendered.values():
         debug.write(f"kernels/{kernel.name}.cpp", kernel.source)
     with stage("runtime", timings):
@@ -132,6 +134,18 @@ def _record(summary) -> None:
     metrics.extern_calls += summary.extern_calls
     metrics.fallback_calls += len(summary.fallback_ops)
     metrics.fallback_ops.update(summary.fallback_ops)
+
+
+@functools.cache
+def ember_source_hash() -> str:
+    """ember's version and a hash of its source: a graph cached by other code is never served."""
+    root = Path(ember.__file__).parent
+    return content_hash(ember.__version__, *(p.read_text() for p in sorted(root.rglob("*.py"))))
+
+
+def _has_work(step) -> bool:
+    """A kernel over empty buffers has nothing to do: the wrapper only allocates them."""
+    return isinstance(step, KernelStep) and any(c.buffer.layout.numel > 0 for c in step.group)
 
 
 def codegen_kernel(step: KernelStep, config: Config) -> tuple[RenderedKernel, tuple[str, ...]]:

@@ -125,3 +125,14 @@ def test_ember_compile_module():
     x = torch.randn(3, 8)
     with torch.no_grad():
         torch.testing.assert_close(ember.compile(model)(x), model(x))
+
+
+def test_view_of_an_extern_result_that_is_itself_a_view():
+    # aten.diagonal returns a view with a storage offset; ember's view of it counts from it
+    check(lambda x: torch.diagonal(x, -2).clone() * 2, torch.arange(15.0).view(3, 5))
+
+
+def test_empty_views_and_effect_tokens():
+    check(lambda x: [t * 2 for t in x.unbind(0)], torch.randn(5, 0, 5))
+    check(lambda x: x.reshape(0) + 1, torch.randn(0, 8))
+    check(lambda x: torch.linalg.inv(x) + 1, torch.randn(3, 3) + 3 * torch.eye(3), rtol=1e-4, atol=1e-4)

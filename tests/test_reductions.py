@@ -92,6 +92,17 @@ def test_empty_reductions():
 def test_zero_dim_reductions():
     x = torch.tensor(2.5)
     check(lambda x: (x.sum(), x.mean(), x.amax(), x.argmax()), x)
+    # dim 0 (or -1) of a 0-d tensor is the tensor itself (OpInfo max.reduction_with_dim, mean, argmax)
+    check(lambda x: (x.max(0), x.argmax(0), x.argmin(-1, keepdim=True), x.mean(0), x.var(0), x.amin(0), x.sum(-1)), x)
+    assert ember.metrics.fallback_calls == 0
+
+
+def test_max_like_reductions_of_empty_tensors_over_nonempty_dims():
+    """Eager raises only when a reduced dim is empty; otherwise the result is just empty."""
+    x = torch.randn(0, 5)
+    check(lambda x: (x.amax(1), x.amin(1, keepdim=True), x.argmax(1), x.max(1), x.min(1, keepdim=True)), x)
+    check(lambda x: torch.linalg.vector_norm(x, math.inf, 1), x)
+    assert ember.metrics.fallback_calls == 0
 
 
 def test_composites():

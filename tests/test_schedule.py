@@ -16,7 +16,8 @@ def test_pointwise_chain_of_20_ops_over_3_inputs_is_one_kernel():
             h = (h.sin() * y - z).abs() + i
         return h * 0.5
 
-    check(chain, torch.randn(64, 64), torch.randn(64, 64), torch.randn(64))
+    # six rounds of sin: a few ulp of difference (libmvec vs eager's sin) grow along the chain
+    check(chain, torch.randn(64, 64), torch.randn(64, 64), torch.randn(64), rtol=1e-4, atol=1e-4)
     assert ember.metrics.kernels_generated == 1
 
 

@@ -64,7 +64,8 @@ def generate_wrapper(graph: LoweredGraph, steps: list[Step], kernels: dict[int, 
                 if computed.name in step.stored:
                     buffers[computed.name] = computed.buffer
                     body.append(L.Allocate(computed.buffer))
-            body.append(L.KernelCall(kernels[i].var, list(kernels[i].params), bool(kernels[i].errors)))
+            if i in kernels:  # (a group of empty buffers has no kernel)
+                body.append(L.KernelCall(kernels[i].var, list(kernels[i].params), bool(kernels[i].errors)))
         else:
             body += _extern_lines(step, buffers, graph, objects)
         body += [L.FreeIfNotReused(buffers[name]) for name in sorted(freed[i])]

@@ -1,0 +1,562 @@
+"""The OpInfo conformance sweep: every op of PyTorch's op database through ember, against eager.
+
+    python -m tests.conformance --dtype float32 [--ops name1,name2] [--samples N] [--jobs J]
+                                [--timeout S] [--json out.json] [--cache-dir DIR]
+
+For each OpInfo entry of `torch.testing._internal.common_methods_invocations.op_db` that
+supports the dtype on CPU, the first N sample inputs run eagerly and through
+`torch.compile(fn, backend="ember", dynamic=False, fullgraph=False)` with EMBER_STRICT=1.
+Each op is classified by its worst sample:
+
+    crash     the worker process died or hung (timeout per op) on it
+    error     ember (or dynamo) raised where eager did not
+    mismatch  the values, shapes or dtypes differ from eager
+    pass      every compared sample agrees
+    no graph  every compared sample agrees, but no graph ever reached ember (dynamo ran it)
+    skip      nothing to compare: no samples, eager raises on every sample, or outputs that
+              are not comparable (sparse tensors, opaque objects)
+
+Float outputs are compared with `torch.testing.assert_close`'s default tolerance for the
+dtype (equal_nan=True) against eager on the same dtype; where that fails, a second chance
+against eager on float64-upcast inputs (ember accumulates in double, so it can be closer
+to the exact result than eager is). Integers and bools must match exactly. Random ops and
+ops returning uninitialized memory are compared on shapes and dtypes only.
+
+Ops run in worker subprocesses (`--worker`), one op at a time from a shared queue, so a
+segfault or a hang is recorded as a crash and the worker is restarted for the rest. The
+same `run_op` runs in-process for the fast subset in tests/test_opinfo.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import math
+import os
+import queue
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+STATUSES = ("pass", "no graph", "mismatch", "error", "crash", "skip")
+# worst first: an op's status is the worst of its samples' (crash is decided by the parent)
+SEVERITY = {"error": 0, "mismatch": 1, "pass": 2, "no graph": 3, "skip": 4}
+
+RANDOM_WORDS = {"rand", "randn", "randint", "dropout", "dropout2d", "dropout3d", "bernoulli", "normal",
+                "multinomial", "uniform", "exponential", "geometric", "cauchy"}  # fmt: skip
+# names holding a random word that are deterministic all the same
+NOT_RANDOM = {"__rand__", "signal.windows.exponential", "native_dropout_backward"}
+
+
+@dataclass
+class SampleResult:
+    status: str
+    reason: str = ""
+    graphs: int = 0
+    fallback_calls: int = 0
+    fallback_ops: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class OpResult:
+    op: str
+    status: str
+    reason: str = ""
+    samples: list[SampleResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def graphs(self) -> int:
+        return sum(s.graphs for s in self.samples)
+
+    @property
+    def fallback_ops(self) -> Counter:
+        total: Counter = Counter()
+        for s in self.samples:
+            total.update(s.fallback_ops)
+        return total
+
+
+# ---- the op database ------------------------------------------------------------------------
+
+
+def op_key(opinfo) -> str:
+    """`name` or `name.variant`: unique across op_db."""
+    return opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
+
+
+def load_ops(dtype: torch.dtype, names: list[str] | None = None) -> dict[str, Any]:
+    """OpInfos supporting `dtype` on CPU, by key; `names` selects by key or by plain name."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    ops = {op_key(o): o for o in op_db if o.supports_dtype(dtype, "cpu")}
+    if names is None:
+        return ops
+    chosen = {k: o for k, o in ops.items() if k in names or o.name in names}
+    unknown = set(names) - set(chosen) - {o.name for o in chosen.values()}
+    if unknown:
+        raise SystemExit(f"no OpInfo supporting {dtype} on cpu named {sorted(unknown)}")
+    return chosen
+
+
+def values_are_random(opinfo) -> bool:
+    """Random ops and ops returning uninitialized memory: compare shapes and dtypes only."""
+    key = op_key(opinfo)
+    if key in NOT_RANDOM or opinfo.name in NOT_RANDOM:
+        return False
+    words = set(re.split(r"[._]", opinfo.name))
+    return bool(words & RANDOM_WORDS) or "empty" in words
+
+
+# ---- one op, in this process ----------------------------------------------------------------
+
+
+def run_op(opinfo, dtype: torch.dtype, samples: int = 3) -> OpResult:
+    """Every one of the first `samples` sample inputs, eagerly and through ember."""
+    start = time.perf_counter()
+    try:
+        inputs = list(itertools.islice(opinfo.sample_inputs("cpu", dtype, requires_grad=False), samples))
+    except Exception as e:
+        return OpResult(op_key(opinfo), "skip", f"sample_inputs raised {one_line(e)}")
+    results = [run_sample(opinfo, sample, dtype) for sample in inputs]
+    result = OpResult(op_key(opinfo), "skip", "no samples" if not inputs else "", results)
+    result.status, result.reason = op_status(results)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def op_status(results: list[SampleResult]) -> tuple[str, str]:
+    """The worst sample's status, with its reason and which sample it was."""
+    if not results:
+        return "skip", "no samples"
+    index, worst = min(enumerate(results), key=lambda item: (SEVERITY[item[1].status], item[0]))
+    if worst.status == "no graph" and any(r.status == "pass" for r in results):
+        return "pass", ""
+    if worst.status == "skip":
+        return "skip", worst.reason
+    return worst.status, f"sample {index}: {worst.reason}" if worst.reason else ""
+
+
+def run_sample(opinfo, sample, dtype: torch.dtype) -> SampleResult:
+    import ember
+
+    args = (sample.input, *sample.args)
+    with sweep_environment():
+        try:
+            expected = opinfo.op(*clone(args), **clone(sample.kwargs))
+        except Exception as e:
+            return SampleResult("skip", f"eager raises {one_line(e)}")
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        ember.metrics.reset()
+        compiled = torch.compile(lambda *a, **k: opinfo.op(*a, **k), backend="ember", dynamic=False, fullgraph=False)
+        try:
+            actual = compiled(*clone(args), **clone(sample.kwargs))
+            error = None
+        except Exception as e:
+            error = describe_error(e)
+    metrics = ember.metrics
+    result = SampleResult("pass", "", metrics.graphs_compiled, metrics.fallback_calls, dict(metrics.fallback_ops))
+    if error is not None:
+        result.status, result.reason = "error", error
+        return result
+    reference = lambda: float64_reference(opinfo, sample, dtype)  # noqa: E731
+    with sweep_environment():
+        result.status, result.reason = compare(actual, expected, reference, values_are_random(opinfo))
+    if result.status == "pass" and result.graphs == 0:
+        result.status, result.reason = "no graph", graph_break_reason()
+    torch._dynamo.reset()
+    return result
+
+
+# Strict: a graph that fails to compile is an error, not a silent eager run. No whole-graph
+# cache: a graph compiled by an older ember would hide a change to lowering (kernels, cached
+# by their source, are safe to share).
+SWEEP_ENVIRONMENT = {"EMBER_STRICT": "1", "EMBER_GRAPH_CACHE": "0"}
+
+
+@contextlib.contextmanager
+def sweep_environment():
+    old = {name: os.environ.get(name) for name in SWEEP_ENVIRONMENT}
+    os.environ.update(SWEEP_ENVIRONMENT)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def clone(tree):
+    """A fresh copy of every tensor, so an op that writes its inputs cannot affect another run."""
+    return tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) and x.layout == torch.strided else x, tree)
+
+
+def float64_reference(opinfo, sample, dtype: torch.dtype):
+    """Eager on inputs upcast to float64, cast back to `dtype`; None where that does not apply."""
+    if not dtype.is_floating_point or dtype == torch.float64:
+        return None
+    up = lambda x: x.to(torch.float64) if isinstance(x, torch.Tensor) and x.dtype == dtype else x  # noqa: E731
+    try:
+        result = opinfo.op(*tree_map(up, clone((sample.input, *sample.args))), **tree_map(up, clone(sample.kwargs)))
+    except Exception:
+        return None
+    return tree_map(lambda x: x.to(dtype) if isinstance(x, torch.Tensor) and x.dtype == torch.float64 else x, result)
+
+
+def graph_break_reason() -> str:
+    """Why dynamo handed ember no graph: its first graph break, in the break's own words."""
+    breaks = list(torch._dynamo.utils.counters["graph_break"])
+    if not breaks:
+        return "dynamo traced no op"
+    lines = [line.strip() for line in breaks[0].splitlines() if line.strip()]
+    explanation = next((line for line in lines if line.startswith("Explanation:")), "")
+    return " ".join(f"{lines[0]}. {explanation}".split())[:200]
+
+
+def one_line(e: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(e).split())
+    text = f"{type(e).__name__}: {text}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe_error(e: BaseException) -> str:
+    """The innermost ember error in the chain (else the root cause), on one line."""
+    from ember.errors import EmberError
+
+    chain, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__ or getattr(e, "inner_exception", None) or e.__context__
+    ember_errors = [x for x in chain if isinstance(x, EmberError)]
+    innermost = ember_errors[-1] if ember_errors else chain[-1]
+    compiler_error = re.search(r"error: .*", str(innermost))  # a gcc failure: its first error
+    if compiler_error and "gcc failed" in str(innermost):
+        return one_line(innermost, 120) + " " + compiler_error.group(0)[:150]
+    return one_line(innermost, 300)
+
+
+# ---- comparing outputs ----------------------------------------------------------------------
+
+
+def compare(actual, expected, reference, shapes_only: bool) -> tuple[str, str]:
+    """("pass", "") or (status, a one-line reason)."""
+    got, got_spec = tree_flatten(actual)
+    want, want_spec = tree_flatten(expected)
+    if len(got) != len(want):
+        return "mismatch", f"{len(got)} outputs, eager gives {len(want)}"
+    if any(isinstance(w, torch.Tensor) and w.layout != torch.strided for w in want):
+        return "skip", "eager output is not a strided tensor"
+    if not all(isinstance(w, (torch.Tensor, int, float, bool, complex, type(None), torch.dtype)) for w in want):
+        return "skip", f"eager output holds a {type(next(w for w in want if not isinstance(w, torch.Tensor))).__name__}"
+    precise = None
+    for i, (g, w) in enumerate(zip(got, want)):
+        problem = compare_one(g, w, shapes_only)
+        if problem and isinstance(w, torch.Tensor) and w.is_floating_point():
+            precise = precise if precise is not None else tree_flatten(reference())[0]
+            if len(precise) == len(want) and not compare_one(g, precise[i], shapes_only):
+                problem = ""  # closer to the float64 result than eager on the same dtype is
+        if problem:
+            return "mismatch", f"output {i}: {problem}"
+    return "pass", ""
+
+
+def compare_one(got, want, shapes_only: bool) -> str:
+    if not isinstance(want, torch.Tensor):
+        if isinstance(want, float) and isinstance(got, (int, float)):
+            close = got == want or (got != got and want != want) or math.isclose(got, want, rel_tol=1e-5, abs_tol=1e-6)
+            return "" if close else f"{got!r}, eager {want!r}"
+        return "" if got == want or (want != want and got != got) else f"{got!r}, eager {want!r}"
+    if not isinstance(got, torch.Tensor):
+        return f"a {type(got).__name__}, eager gives a tensor"
+    if got.shape != want.shape:
+        return f"shape {tuple(got.shape)}, eager {tuple(want.shape)}"
+    if got.dtype != want.dtype:
+        return f"dtype {got.dtype}, eager {want.dtype}"
+    if shapes_only or got.numel() == 0:
+        return ""
+    if want.is_floating_point() or want.is_complex():
+        try:
+            torch.testing.assert_close(got, want, equal_nan=True, check_device=False, check_stride=False)
+        except AssertionError:
+            return float_difference(got, want)
+        return ""
+    if not torch.equal(got, want):
+        return "values differ from eager " + first_difference(got != want, got, want)
+    return ""
+
+
+def float_difference(got: torch.Tensor, want: torch.Tensor) -> str:
+    g, w = got.detach().double(), want.detach().double()
+    nan_differs = g.isnan() != w.isnan()
+    if nan_differs.any():
+        return "NaN where eager is not, or the reverse " + first_difference(nan_differs, g, w)
+    diff = (g - w).abs().nan_to_num(nan=0.0, posinf=math.inf)
+    diff[(g == w)] = 0  # equal infinities
+    where = divmod_index(int(diff.argmax()), g.shape)
+    return f"max abs diff {diff.max().item():.3g} at {where}: {g[where].item():.7g}, eager {w[where].item():.7g}"
+
+
+def first_difference(differs: torch.Tensor, got: torch.Tensor, want: torch.Tensor) -> str:
+    where = tuple(differs.nonzero()[0].tolist())
+    return f"(first at {list(where)}: {got[where].item()}, eager {want[where].item()})"
+
+
+def divmod_index(flat: int, shape: torch.Size) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return tuple(reversed(index))
+
+
+# ---- workers --------------------------------------------------------------------------------
+
+
+def worker_main(dtype: torch.dtype, samples: int) -> None:
+    """Reads op keys from stdin, one per line; writes one JSON result per line to the real
+    stdout. Anything else printed (also by C code) goes to stderr, i.e. the worker's log."""
+    results = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    ops = load_ops(dtype)
+    print("ready", file=results, flush=True)
+    for line in sys.stdin:
+        key = line.strip()
+        print(f"=== {key}", file=sys.stderr, flush=True)
+        result = run_op(ops[key], dtype, samples)
+        print(json.dumps(asdict(result)), file=results, flush=True)
+
+
+class Worker:
+    """One worker subprocess; `run(key)` gives its result or raises `WorkerDied`."""
+
+    def __init__(self, args: argparse.Namespace, env: dict[str, str], log_path: str):
+        self.log_path = log_path
+        self.log = open(log_path, "a")
+        command = [sys.executable, "-m", "tests.conformance", "--worker", "--dtype", args.dtype,
+                   "--samples", str(args.samples)]  # fmt: skip
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                        env=env, text=True, start_new_session=True)  # fmt: skip
+        self.read_line(timeout=300)  # "ready" once op_db is imported
+
+    def run(self, key: str, timeout: float) -> OpResult:
+        try:
+            self.process.stdin.write(key + "\n")
+            self.process.stdin.flush()
+        except OSError as e:  # it died after its last op
+            raise WorkerDied(f"worker gone before the op started ({e})") from e
+        record = json.loads(self.read_line(timeout))
+        record["samples"] = [SampleResult(**s) for s in record["samples"]]
+        return OpResult(**record)
+
+    def read_line(self, timeout: float) -> str:
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:
+            self.stop()
+            raise WorkerDied(f"timed out after {timeout:g} s")
+        line = self.process.stdout.readline()
+        if not line:
+            code = self.process.wait()
+            raise WorkerDied(f"worker died ({signal_name(code)}){self.last_log_line()}")
+        return line
+
+    def last_log_line(self) -> str:
+        self.log.flush()
+        with open(self.log_path, errors="replace") as f:
+            lines = [x.strip() for x in f.readlines()[-30:] if x.strip() and not x.startswith("===")]
+        return f": {lines[-1][:200]}" if lines else ""
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)  # its own session: it and the compilers it started
+            self.process.wait()
+        self.log.close()
+
+
+class WorkerDied(Exception):
+    pass
+
+
+def signal_name(code: int) -> str:
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
+def worker_env(cache_dir: str) -> dict[str, str]:
+    env = dict(os.environ, EMBER_CACHE_DIR=cache_dir, **SWEEP_ENVIRONMENT)
+    # the machine is shared: one thread per worker for kernels, aten and gcc
+    for name in ("OMP_NUM_THREADS", "EMBER_COMPILE_THREADS"):
+        env.setdefault(name, "1")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def sweep(keys: list[str], args: argparse.Namespace, cache_dir: str, log_dir: str) -> list[OpResult]:
+    """J threads, each feeding one worker process from a shared queue of op keys."""
+    todo: queue.Queue[str] = queue.Queue()
+    for key in keys:
+        todo.put(key)
+    results: list[OpResult] = []
+    lock = threading.Lock()
+    env = worker_env(cache_dir)
+
+    def feed(index: int) -> None:
+        worker = None
+        while True:
+            try:
+                key = todo.get_nowait()
+            except queue.Empty:
+                break
+            start = time.perf_counter()
+            try:
+                worker = worker or Worker(args, env, os.path.join(log_dir, f"worker{index}.log"))
+                result = worker.run(key, args.timeout)
+            except WorkerDied as e:
+                result, worker = OpResult(key, "crash", str(e), seconds=time.perf_counter() - start), None
+            with lock:
+                results.append(result)
+                report_progress(result, len(results), len(keys), args.verbose)
+        if worker is not None:
+            worker.stop()
+
+    threads = [threading.Thread(target=feed, args=(i,)) for i in range(max(1, args.jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    order = {k: i for i, k in enumerate(keys)}
+    return sorted(results, key=lambda r: order[r.op])
+
+
+def report_progress(result: OpResult, done: int, total: int, verbose: bool) -> None:
+    if verbose or result.status in ("mismatch", "error", "crash"):
+        reason = f"  {result.reason}" if result.reason and result.status != "pass" else ""
+        print(f"[{done}/{total}] {result.op}: {result.status} ({result.seconds:.1f}s){reason}", flush=True)
+    elif done % 25 == 0:
+        print(f"[{done}/{total}] ...", flush=True)
+
+
+# ---- the report -----------------------------------------------------------------------------
+
+
+def print_report(results: list[OpResult], dtype: torch.dtype) -> None:
+    by_status = {s: [r for r in results if r.status == s] for s in STATUSES}
+    print(f"\n==== OpInfo conformance, {dtype}, {len(results)} ops")
+    print_fallbacks(results)
+    for status in ("mismatch", "error", "crash"):
+        if by_status[status]:
+            print(f"\n-- {status} ({len(by_status[status])})")
+            for r in by_status[status]:
+                print(f"  {r.op}: {r.reason}")
+    if by_status["no graph"]:
+        print(f"\n-- no graph reached ember ({len(by_status['no graph'])}), by dynamo's reason")
+        reasons: dict[str, list[str]] = {}
+        for r in by_status["no graph"]:
+            reasons.setdefault(r.reason.partition(": ")[2] or r.reason, []).append(r.op)
+        for reason, ops in sorted(reasons.items(), key=lambda item: -len(item[1])):
+            print(f"  {reason}: {', '.join(ops)}")
+    skips = Counter(skip_family(r.reason) for r in by_status["skip"])
+    if skips:
+        print(f"\n-- skip ({len(by_status['skip'])}): " + "; ".join(f"{why} x{n}" for why, n in skips.most_common()))
+    print_totals(results, by_status)
+
+
+def print_fallbacks(results: list[OpResult]) -> None:
+    on_fallback = [r for r in results if r.fallback_ops and r.status not in ("skip", "crash")]
+    print(f"\n-- ops still on fallback externs ({len(on_fallback)})")
+    for r in on_fallback:
+        print(f"  {r.op} [{r.status}]: {', '.join(sorted(r.fallback_ops))}")
+    by_aten: dict[str, list[str]] = {}
+    for r in on_fallback:
+        for aten_op in r.fallback_ops:
+            by_aten.setdefault(aten_op, []).append(r.op)
+    print(f"\n-- fallback aten ops ({len(by_aten)}), by the number of OpInfo ops hitting them")
+    for aten_op, ops in sorted(by_aten.items(), key=lambda item: (-len(item[1]), item[0])):
+        print(f"  {aten_op} ({len(ops)}): {', '.join(ops)}")
+
+
+def skip_family(reason: str) -> str:
+    """A skip reason without its details, to count skips by kind."""
+    return reason.split(":")[0].split("(")[0].strip() or "skip"
+
+
+def print_totals(results: list[OpResult], by_status: dict[str, list[OpResult]]) -> None:
+    print("\n==== totals")
+    for status in STATUSES:
+        print(f"  {status:9s} {len(by_status[status]):5d}")
+    tested = [r for r in results if r.status != "skip"]
+    compiled = [r for r in tested if r.graphs > 0 and r.status in ("pass", "mismatch")]
+    clean = [r for r in compiled if r.status == "pass" and not r.fallback_ops]
+    print(f"  ops tested (not skipped): {len(tested)}")
+    if tested:
+        print(f"  passed with no fallback extern at all: {len(clean)} of {len(tested)} tested "
+              f"({100 * len(clean) / len(tested):.1f}%)")  # fmt: skip
+    if compiled:
+        share = 100 * sum(1 for r in compiled if not r.fallback_ops) / len(compiled)
+        print(f"  of the {len(compiled)} ops whose graphs compiled and ran, {share:.1f}% used no fallback extern")
+
+
+# ---- entry point ----------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.conformance", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtype", default="float32", help="a torch dtype name: float32, int64, bool, ...")
+    parser.add_argument("--ops", help="comma-separated OpInfo names (name or name.variant); default: all")
+    parser.add_argument("--samples", type=int, default=3, help="sample inputs per op (the first N)")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per op before it counts as a crash")
+    parser.add_argument("--json", help="write every op's result here")
+    parser.add_argument("--cache-dir", help="ember's kernel cache for the workers (default: a fresh temp dir)")
+    parser.add_argument("--verbose", action="store_true", help="print every op's result as it comes")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dtype = getattr(torch, args.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise SystemExit(f"--dtype {args.dtype!r} is not a torch dtype")
+    if args.worker:
+        worker_main(dtype, args.samples)
+        return 0
+    keys = list(load_ops(dtype, args.ops.split(",") if args.ops else None))
+    scratch = tempfile.mkdtemp(prefix="ember-conformance-")
+    cache_dir = args.cache_dir or os.path.join(scratch, "cache")
+    print(f"{len(keys)} OpInfo ops support {dtype} on cpu; {args.jobs} workers; worker logs in {scratch}", flush=True)
+    start = time.perf_counter()
+    results = sweep(keys, args, cache_dir, scratch)
+    print_report(results, dtype)
+    print(f"  wall time: {time.perf_counter() - start:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in results], f, indent=1)
+    if not any(r.status == "crash" for r in results):
+        shutil.rmtree(scratch, ignore_errors=True)  # keep the logs of crashed workers
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
