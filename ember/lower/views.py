@@ -12,7 +12,6 @@ from ember.lower.values import (
     TensorValue,
     axis,
     broadcast_to,
-    const_index,
     constant,
     load,
     permute,
@@ -133,6 +132,3 @@ def lower_arange(ctx: LoweringContext, node: torch.fx.Node, *args, **kwargs) -> 
     i = axis(0).cast(compute)
     body = (i * UOp.const(compute, step) + UOp.const(compute, start)).cast(dtype)
     return TensorValue(tuple(meta.shape), dtype, body if meta.numel() else UOp.const(dtype, 0))
-
-
-_ = const_index  # re-exported for lowerings that index with constants
