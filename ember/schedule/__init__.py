@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_flatten
 
 from ember.ir import BufferRef, ComputedBuffer, ExternCall, LoweredGraph
 from ember.schedule.fusion import FusionState, Group, WhyNoFuse, fuse, topological_order
+from ember.schedule.memory import last_use_positions
 from ember.schedule.nodes import SchedulerNode, build_nodes
 from ember.uop.ops import Ops
 
@@ -90,12 +91,7 @@ def writes_of(step: Step) -> list[str]:
 
 def last_uses(steps: list[Step], keep: set[str]) -> list[list[str]]:
     """For each step, the buffers whose last reader (or writer) it is, except those in `keep`."""
-    last: dict[str, int] = {}
-    for i, step in enumerate(steps):
-        for name in [*reads_of(step), *writes_of(step)]:
-            last[name] = i
     freed: list[list[str]] = [[] for _ in steps]
-    for name, i in last.items():
-        if name not in keep:
-            freed[i].append(name)
+    for name, i in last_use_positions(steps, reads_of, writes_of, keep).items():
+        freed[i].append(name)
     return freed
