@@ -20,7 +20,7 @@ import torch
 
 from ember.ir import BufferRef, ExternCall, LoweredGraph
 from ember.runtime.cache import content_hash, entry_path, write_atomic
-from ember.schedule import KernelStep, Step, last_uses
+from ember.schedule import KernelStep, Step, graph_last_uses
 from ember.wrapper import lines as L
 from ember.wrapper.plan import plan_memory
 
@@ -42,6 +42,7 @@ class KernelBinary:
     symbol: str
     params: tuple[str, ...]  # buffer names, in parameter order
     errors: tuple = ()  # (exception name, message) per error code, when the kernel can fail
+    inplace: dict[str, str] = field(default_factory=dict)  # output -> the dying input it overwrites
 
 
 @dataclass
@@ -56,14 +57,18 @@ def generate_wrapper(graph: LoweredGraph, steps: list[Step], kernels: dict[int, 
     objects: list[Any] = []
     buffers = {b.name: b for b in graph.buffers.values() if b.kind in ("input", "constant")}
     body: list[L.Line] = [L.AssertInput(b) for b in graph.inputs]
-    outputs = {o.ref.name for o in graph.outputs if o.ref is not None}
-    freed = last_uses(steps, keep=outputs | {b.name for b in graph.inputs} | set(graph.constants))
+    freed = graph_last_uses(graph, steps)
     for i, step in enumerate(steps):
         if isinstance(step, KernelStep):
+            inplace = kernels[i].inplace if i in kernels else {}
             for computed in step.group:
                 if computed.name in step.stored:
                     buffers[computed.name] = computed.buffer
-                    body.append(L.Allocate(computed.buffer))
+                    if computed.name in inplace:  # the kernel writes over a dying input
+                        body.append(L.Reuse(buffers[inplace[computed.name]], computed.buffer))
+                    else:
+                        body.append(L.Allocate(computed.buffer))
+            freed[i] = [name for name in freed[i] if name not in inplace.values()]
             if i in kernels:  # (a group of empty buffers has no kernel)
                 body.append(L.KernelCall(kernels[i].var, list(kernels[i].params), bool(kernels[i].errors)))
         else:
