@@ -75,7 +75,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
     """Every stage, in order; returns the loaded wrapper, its source and a summary."""
     timings: dict[str, float] = {}
     with stage("lower", timings):
-        graph, lowering = lower_graph(gm, example_inputs)
+        graph, lowering = lower_graph(gm, example_inputs, fallback_random=config.fallback_random)
     debug.write("ir.txt", describe_ir(graph))
     with stage("schedule", timings):
         scheduled = schedule(graph, fusion=config.fusion)

@@ -29,6 +29,8 @@ class Config:
     fusion: bool = _flag(True, "EMBER_FUSION", True, "let the scheduler fuse computed buffers into kernels")
     graph_cache: bool = _flag(True, "EMBER_GRAPH_CACHE", False, "load graphs compiled before from the cache")
     explain_file: str = _flag("", "EMBER_EXPLAIN_FILE", False, "append each graph's explanation to this file")
+    fallback_random: bool = _flag(False, "EMBER_FALLBACK_RANDOM", True,
+                                  "random ops call aten: eager's generator and values, no fusion")  # fmt: skip
     compile_threads: int = _flag(8, "EMBER_COMPILE_THREADS", False, "kernels compiled in parallel")
 
     def cache_key(self) -> str:

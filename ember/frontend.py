@@ -27,7 +27,9 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
     """The `torch.compile(..., backend="ember")` entry point."""
     config = config_module.load(**options)
     compiler = functools.partial(compile_or_fallback, config=config)
-    backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler, decompositions=decomposition_table())
+    backend = aot_autograd(
+        fw_compiler=compiler, bw_compiler=compiler, decompositions=decomposition_table(config.fallback_random)
+    )
     with corrected_autograd_kernels():
         return backend(gm, example_inputs)
 

@@ -186,8 +186,8 @@ def run_sample(opinfo, sample, dtype: torch.dtype) -> SampleResult:
 
 # Strict: a graph that fails to compile is an error, not a silent eager run. No whole-graph
 # cache: a graph compiled by an older ember would hide a change to lowering (kernels, cached
-# by their source, are safe to share).
-SWEEP_ENVIRONMENT = {"EMBER_STRICT": "1", "EMBER_GRAPH_CACHE": "0"}
+# by their source, are safe to share). Random ops call aten, so their values are eager's.
+SWEEP_ENVIRONMENT = {"EMBER_STRICT": "1", "EMBER_GRAPH_CACHE": "0", "EMBER_FALLBACK_RANDOM": "1"}
 
 
 @contextlib.contextmanager

@@ -23,6 +23,8 @@ class LoweringContext:
     graph: LoweredGraph
     buffers: dict[str, Buffer] = field(default_factory=dict)
     fallback_ops: list[str] = field(default_factory=list)
+    fallback_random: bool = False  # random ops call aten (config.fallback_random)
+    random_counters: int = 0  # Philox counters taken by earlier random ops (Note: counter-based random numbers)
     _counter: int = 0
 
     def new_name(self, prefix: str = "buf") -> str:

@@ -36,11 +36,16 @@ EXTRA = [
 ]  # fmt: skip
 
 
-@functools.lru_cache(maxsize=1)
-def decomposition_table() -> dict:
+# Random ops whose decomposition draws differently from eager's kernel (bernoulli -> rand < p):
+# with config.fallback_random they stay whole, so the aten call draws exactly as eager does.
+RANDOM_DECOMPOSED = [aten.bernoulli]
+
+
+@functools.lru_cache(maxsize=2)
+def decomposition_table(fallback_random: bool = False) -> dict:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(EXTRA))
-    for packet in LOWERED_DIRECTLY + KEPT_AS_EXTERN:
+    for packet in LOWERED_DIRECTLY + KEPT_AS_EXTERN + (RANDOM_DECOMPOSED if fallback_random else []):
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)
     table.update(CORRECTED)

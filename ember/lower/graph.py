@@ -46,8 +46,9 @@ VIEW_OPS = {
 }  # fmt: skip
 
 
-def lower_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> tuple[LoweredGraph, LoweringContext]:
-    ctx = LoweringContext(LoweredGraph(inputs=[], constants={}))
+def lower_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
+                fallback_random: bool = False) -> tuple[LoweredGraph, LoweringContext]:  # fmt: skip
+    ctx = LoweringContext(LoweredGraph(inputs=[], constants={}), fallback_random=fallback_random)
     env: dict[torch.fx.Node, Any] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":

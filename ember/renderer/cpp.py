@@ -44,6 +44,26 @@ template <typename T, typename S> static inline T ember_shr(T a, S b) {
 }
 """
 
+# Philox4x32-10, bit for bit as Triton's tl.randint4x (triton/language/random.py): counter
+# (c0, c1, c2, c3) = (offset low, offset high, 0, 0), key (k0, k1) = (seed low, seed high).
+# Straight-line integer code, so loops calling it vectorize (Note: counter-based random numbers).
+PHILOX = r"""template <int W> static inline uint32_t ember_philox(uint64_t seed, uint64_t offset) {
+  uint32_t c0 = (uint32_t)offset, c1 = (uint32_t)(offset >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+#pragma GCC unroll 10
+  for (int i = 0; i < 10; i++) {
+    const uint64_t a = (uint64_t)0xD2511F53u * c0, b = (uint64_t)0xCD9E8D57u * c2;
+    c0 = (uint32_t)(b >> 32) ^ c1 ^ k0;
+    c2 = (uint32_t)(a >> 32) ^ c3 ^ k1;
+    c1 = (uint32_t)b;
+    c3 = (uint32_t)a;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return W == 0 ? c0 : (W == 1 ? c1 : (W == 2 ? c2 : c3));
+}
+"""
+
 # libm through gcc builtins: no <cmath> to parse (half of a small kernel's compile time).
 # A builtin binds to the C library function, so the simd declarations below still apply.
 UNARY_CALLS = {
@@ -108,6 +128,8 @@ def _unary_call(u: UOp, x: str) -> str:
         return f"({x} < 0 ? -{x} : {x})"
     if u.op is Ops.CAST:
         return f"static_cast<{u.dtype.ctype}>({x})"
+    if u.op is Ops.BITCAST:
+        return f"__builtin_bit_cast({u.dtype.ctype}, {x})"
     if u.op in (Ops.ISNAN, Ops.ISINF):
         return f"__builtin_{u.op.name.lower()}({x})"
     return f"{libm(UNARY_CALLS[u.op], u.src[0].dtype)}({x})"
@@ -148,6 +170,8 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
         signature += ", int32_t* ember_error"
     body = _render_body(program, parallel_threshold, errors)
     declarations = simd_declarations(simd_math) + reduction_declarations(program)
+    if any(u.op is Ops.PHILOX for u in program):
+        declarations += PHILOX
     source = f'{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n{body}}}\n'
     return RenderedKernel(name, source, params, errors)
 
@@ -262,6 +286,8 @@ def _render_body(program: list[UOp], parallel_threshold: int, errors: list[Check
 
 
 def _expression(u: UOp, srcs: list[str]) -> str:
+    if u.op is Ops.PHILOX:
+        return f"ember_philox<{u.arg}>({srcs[0]}, {srcs[1]})"
     if u.op is Ops.WHERE:
         return f"({srcs[0]} ? {srcs[1]} : {srcs[2]})"
     if len(srcs) == 2:

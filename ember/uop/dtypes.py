@@ -59,6 +59,8 @@ class dtypes:  # noqa: N801 - a namespace, spelled like torch's
     int32 = DType("int32", 4, "int32_t", "int")
     int64 = DType("int64", 8, "int64_t", "int")
     uint8 = DType("uint8", 1, "uint8_t", "uint")
+    # Kernel-internal only (random bits, Note: counter-based random numbers); no tensor has it.
+    uint32 = DType("uint32", 4, "uint32_t", "uint")
     float32 = DType("float32", 4, "float", "float")
     float64 = DType("float64", 8, "double", "float")
     # Loop variables and index arithmetic; rendered as int64_t (narrowed later when it fits).

@@ -91,6 +91,9 @@ class Ops(enum.Enum):
     SHR = enum.auto()
     # ternary
     WHERE = enum.auto()
+    # random numbers (Note: counter-based random numbers, lower/random.py)
+    PHILOX = enum.auto()  # src: (seed int64, counter index); arg: word 0..3; the uint32 word of Philox4x32-10
+    BITCAST = enum.auto()  # src: (x,); the bits of x read as `dtype` (same itemsize)
 
 
 UNARY_OPS = frozenset(

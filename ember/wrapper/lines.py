@@ -39,6 +39,17 @@ class Allocate:
 
 
 @dataclass
+class DrawSeed:
+    """A fresh seed for the graph's random ops, from torch's default generator, at every call
+    (Note: counter-based random numbers, lower/random.py)."""
+
+    buffer: Buffer
+
+    def render(self) -> str:
+        return f"{self.buffer.name} = random_seed()"
+
+
+@dataclass
 class KernelCall:
     kernel: str
     args: list[str]
@@ -128,4 +139,6 @@ class Return:
         return f"return ({''.join(v + ', ' for v in self.values)})"
 
 
-Line = AssertInput | Allocate | KernelCall | ExternCall | Unpack | FreeIfNotReused | Reuse | Del | Null | Return
+Line = (
+    AssertInput | DrawSeed | Allocate | KernelCall | ExternCall | Unpack | FreeIfNotReused | Reuse | Del | Null | Return
+)

@@ -18,8 +18,19 @@ def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
 
 
 __all__ = [
-    "KernelErrorFlag", "as_strided", "assert_layout", "empty_strided", "ensure_layout", "load_kernel", "tree_leaves",
+    "KernelErrorFlag", "as_strided", "assert_layout", "empty_strided", "ensure_layout", "load_kernel", "random_seed",
+    "tree_leaves",
 ]  # fmt: skip
+
+
+def random_seed() -> torch.Tensor:
+    """The seed of one call's random ops: drawn from torch's default generator, so
+    `torch.manual_seed` makes a compiled graph's random values reproducible."""
+    return torch.randint(SEED_BOUND, (1,), dtype=torch.int64)
+
+
+# Seeds are non-negative int64s (Philox takes 64 key bits; Triton reads a seed as uint64).
+SEED_BOUND = 2**63 - 1
 
 
 def empty_strided(size, stride, dtype):
