@@ -57,7 +57,9 @@ pm_low_precision = PatternMatcher(
         # CAST(CONST bf16 c, f32) -> CONST f32 c
         (UPat(Ops.CAST, src=(UPat.cvar("c", dtype=_LOW),), name="u"), widen_constant),
         # CAST(CAST(x bf16, f32), bf16) -> x: the widening is exact, so the round trip is too
-        (UPat(Ops.CAST, src=(UPat(Ops.CAST, dtype=_WIDE, src=(UPat.var("x", dtype=_LOW),)),), name="u"),
-         lambda x, u: x if u.dtype is x.dtype else None),  # fmt: skip
+        (
+            UPat(Ops.CAST, src=(UPat(Ops.CAST, dtype=_WIDE, src=(UPat.var("x", dtype=_LOW),)),), name="u"),
+            lambda x, u: x if u.dtype is x.dtype else None,
+        ),  # fmt: skip
     ]
 )

@@ -253,6 +253,9 @@ def lower_add_sub(ctx: LoweringContext, node: torch.fx.Node, a, b, alpha=1) -> T
     op = Ops.ADD if node.target.overloadpacket is aten.add else Ops.SUB
     if alpha == 1:
         return elementwise(node, binary(op), (a, b))
+    common = promoted(node, 2)[1]
+    if is_low_precision(common):  # eager's kernel rounds alpha to float16/bfloat16 first
+        alpha = UOp.const(common, alpha).arg
     return elementwise(node, lambda x, y: x.alu(op, y * UOp.const(y.dtype, alpha)), (a, b))
 
 
