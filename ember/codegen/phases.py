@@ -1,6 +1,6 @@
 """Stage `codegen`, step 2: the kernel AST through named rewrite phases.
 
-    early     simplify index math (symbolic rules)
+    early     simplify index math (symbolic rules); float16/bfloat16 math in float32
     optimize  choose loop order from the store's strides
     lower     REDUCE -> accumulator declared outside its loops, updated inside, read after
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 
+from ember.codegen.low_precision import pm_low_precision
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import AccArg, CheckArg, Ops, RangeArg, UOp, normalize_const, substitute
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
@@ -19,6 +20,7 @@ from ember.uop.symbolic import linear_terms, pm_symbolic
 
 
 def full_rewrite(sink: UOp) -> UOp:
+    sink = graph_rewrite(sink, pm_low_precision)  # early: Note: low-precision floats
     sink = graph_rewrite(sink, pm_symbolic)  # early
     sink = graph_rewrite(sink, pm_unique_reduce_ranges, ctx={})  # early
     sink = order_loops(sink)  # optimize

@@ -19,7 +19,7 @@ from torch._prims_common import elementwise_dtypes
 from ember.lower.context import LoweringContext
 from ember.lower.registry import Unsupported, register
 from ember.lower.values import TensorValue, broadcast_to
-from ember.uop.dtypes import DType, dtypes, from_torch
+from ember.uop.dtypes import DType, dtypes, from_torch, is_low_precision
 from ember.uop.ops import Ops, UOp
 
 aten = torch.ops.aten
@@ -56,10 +56,32 @@ def elementwise(node: torch.fx.Node, fn: Callable[..., UOp], args: tuple, kind: 
     """The common path: promote, broadcast, apply `fn` to the element UOps, cast to result."""
     meta = out_meta(node)
     shape, result = tuple(meta.shape), from_torch(meta.dtype)
+    kind = Promotion.DEFAULT if kind is Promotion.ALWAYS_BOOL else kind
     if compute is None:
-        compute = promoted(node, len(args), Promotion.DEFAULT if kind is Promotion.ALWAYS_BOOL else kind)[0]
-    body = fn(*(operand(a, shape, compute) for a in args))
+        compute = promoted(node, len(args), kind)[0]
+    operands = low_precision_operands(node, args, shape, compute, kind)
+    body = fn(*(operands or [operand(a, shape, compute) for a in args]))
     return TensorValue(shape, result, body.cast(result))
+
+
+# aten ops whose CPU kernels read a scalar second operand (a Python number or a 0-d tensor)
+# in float32 rather than rounded to float16/bfloat16 (`original_scalar_value<opmath_t>`)
+OPMATH_SCALAR_OPS = {aten.mul, aten.div, aten.floor_divide}
+
+
+def low_precision_operands(node: torch.fx.Node, args: tuple, shape: tuple[int, ...], compute: DType,
+                           kind: Promotion) -> list[UOp] | None:  # fmt: skip
+    """Eager rounds every operand to the common dtype before computing (TensorIterator casts
+    its inputs), which matters when that is float16/bfloat16 and an operand is a scalar, a 0-d
+    float32 tensor or an integer: `x_bf16 + 0.3` adds bfloat16(0.3). Only mul and div keep a
+    scalar second operand in float32. None when the common dtype is not low-precision."""
+    common = promoted(node, len(args), kind)[1]
+    if not is_low_precision(common) or compute is common:
+        return None
+    opmath = getattr(node.target, "overloadpacket", None) in OPMATH_SCALAR_OPS
+    keeps_float32 = [opmath and i == 1 and (not isinstance(a, TensorValue) or a.ndim == 0) for i, a in enumerate(args)]
+    return [operand(a, shape, compute) if keep else operand(a, shape, common).cast(compute)
+            for a, keep in zip(args, keeps_float32)]  # fmt: skip
 
 
 def _register_elementwise(op_packets: list, fn: Callable[..., UOp], arity: int, kind=Promotion.DEFAULT) -> None:
@@ -231,6 +253,9 @@ def lower_add_sub(ctx: LoweringContext, node: torch.fx.Node, a, b, alpha=1) -> T
     op = Ops.ADD if node.target.overloadpacket is aten.add else Ops.SUB
     if alpha == 1:
         return elementwise(node, binary(op), (a, b))
+    common = promoted(node, 2)[1]
+    if is_low_precision(common):  # eager's kernel rounds alpha to float16/bfloat16 first
+        alpha = UOp.const(common, alpha).arg
     return elementwise(node, lambda x, y: x.alu(op, y * UOp.const(y.dtype, alpha)), (a, b))
 
 

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ember.uop.dtypes import DType, dtypes
+from ember.uop.dtypes import DType, bits_of, dtypes
 from ember.uop.ops import CheckArg, Ops, UOp
 
 # No FMA contraction (-ffp-contract=off in runtime/cpu.py): eager rounds a product and a sum
@@ -63,6 +63,52 @@ PHILOX = r"""template <int W> static inline uint32_t ember_philox(uint64_t seed,
   return W == 0 ? c0 : (W == 1 ? c1 : (W == 2 ? c2 : c3));
 }
 """
+# Note: low-precision floats (uop/dtypes.py). float16/bfloat16 are uint16_t bits; these exact,
+# branch-free conversions vectorize (gcc 12's _Float16 casts do not; it has no __bf16 casts).
+# bfloat16: the top half of a float32, rounded to nearest-even on the dropped bits; NaN -> 0x7FC0.
+# float16: Maratyszcza's FP16 formulas (what c10 uses without F16C), exact for every float32
+# incl. denormals and overflow; checked against torch over all 2^32 floats. They need IEEE float
+# arithmetic (no -ffast-math, no flush-to-zero).
+LOW_PRECISION_PRELUDE = r"""static inline float ember_bits_f32(uint32_t u) { return __builtin_bit_cast(float, u); }
+static inline uint32_t ember_f32_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
+static inline float ember_bf16_to_f32(uint16_t h) { return ember_bits_f32((uint32_t)h << 16); }
+static inline uint16_t ember_f32_to_bf16(float f) {
+  uint32_t u = ember_f32_bits(f);
+  uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return (u & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)0x7FC0u : (uint16_t)rounded;
+}
+static inline float ember_f16_to_f32(uint16_t h) {
+  uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
+  float normalized = ember_bits_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  float denormalized = ember_bits_f32((two_w >> 17) | (126u << 23)) - 0.5f;
+  uint32_t bits = two_w < (1u << 27) ? ember_f32_bits(denormalized) : ember_f32_bits(normalized);
+  return ember_bits_f32(sign | bits);
+}
+static inline uint16_t ember_f32_to_f16(float f) {
+  float base = (__builtin_fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
+  uint32_t w = ember_f32_bits(f), shl1_w = w + w, sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  bias = bias < 0x71000000u ? 0x71000000u : bias;
+  base = ember_bits_f32((bias >> 1) + 0x07800000u) + base;
+  uint32_t bits = ember_f32_bits(base);
+  uint32_t nonsign = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
+  return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+"""
+LOW_PRECISION_NAMES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
+
+
+def render_cast(x: str, source: DType, target: DType) -> str:
+    """A conversion as eager's: every conversion from or to float16/bfloat16 goes through
+    float32 (c10 converts a double or an integer to float first, then rounds that)."""
+    if source in LOW_PRECISION_NAMES:
+        x = f"ember_{LOW_PRECISION_NAMES[source]}_to_f32({x})"
+        source = dtypes.float32
+    if target in LOW_PRECISION_NAMES:
+        widened = x if source is dtypes.float32 else f"static_cast<float>({x})"
+        return f"ember_f32_to_{LOW_PRECISION_NAMES[target]}({widened})"
+    return x if source is target else f"static_cast<{target.ctype}>({x})"
+
 
 # libm through gcc builtins: no <cmath> to parse (half of a small kernel's compile time).
 # A builtin binds to the C library function, so the simd declarations below still apply.
@@ -127,7 +173,7 @@ def _unary_call(u: UOp, x: str) -> str:
     if u.op is Ops.ABS and not u.dtype.is_float:
         return f"({x} < 0 ? -{x} : {x})"
     if u.op is Ops.CAST:
-        return f"static_cast<{u.dtype.ctype}>({x})"
+        return render_cast(x, u.src[0].dtype, u.dtype)
     if u.op is Ops.BITCAST:
         return f"__builtin_bit_cast({u.dtype.ctype}, {x})"
     if u.op in (Ops.ISNAN, Ops.ISINF):
@@ -138,6 +184,8 @@ def _unary_call(u: UOp, x: str) -> str:
 def render_const(value: int | float | bool, dtype: DType) -> str:
     if dtype.is_bool:
         return "true" if value else "false"
+    if dtype in LOW_PRECISION_NAMES:  # the bits of the value it rounds to
+        return f"((uint16_t){bits_of(dtype, value):#06x})"
     if dtype.is_float:
         suffix = "f" if dtype is dtypes.float32 else ""
         if math.isnan(value):
@@ -172,6 +220,8 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
     declarations = simd_declarations(simd_math) + reduction_declarations(program)
     if any(u.op is Ops.PHILOX for u in program):
         declarations += PHILOX
+    if any(u.dtype in LOW_PRECISION_NAMES for u in program):
+        declarations = LOW_PRECISION_PRELUDE + declarations
     source = f'{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n{body}}}\n'
     return RenderedKernel(name, source, params, errors)
 

@@ -61,6 +61,11 @@ class dtypes:  # noqa: N801 - a namespace, spelled like torch's
     uint8 = DType("uint8", 1, "uint8_t", "uint")
     # Kernel-internal only (random bits, Note: counter-based random numbers); no tensor has it.
     uint32 = DType("uint32", 4, "uint32_t", "uint")
+    # Note: low-precision floats. float16 and bfloat16 live in memory as their 16 bits
+    # (`uint16_t`); kernels compute on them in float32 (codegen/low_precision.py) and convert
+    # with exact, branch-free helpers (renderer/cpp.py), so rounding matches eager bit for bit.
+    float16 = DType("float16", 2, "uint16_t", "float")
+    bfloat16 = DType("bfloat16", 2, "uint16_t", "float")
     float32 = DType("float32", 4, "float", "float")
     float64 = DType("float64", 8, "double", "float")
     # Loop variables and index arithmetic; rendered as int64_t (narrowed later when it fits).
@@ -76,6 +81,8 @@ _FROM_TORCH: dict[torch.dtype, DType] = {
     torch.int32: dtypes.int32,
     torch.int64: dtypes.int64,
     torch.uint8: dtypes.uint8,
+    torch.float16: dtypes.float16,
+    torch.bfloat16: dtypes.bfloat16,
     torch.float32: dtypes.float32,
     torch.float64: dtypes.float64,
 }
@@ -96,3 +103,22 @@ def to_torch(dtype: DType) -> torch.dtype:
 
 def is_kernel_dtype(dtype: DType) -> bool:
     return dtype in _TO_TORCH
+
+
+LOW_PRECISION = frozenset({dtypes.float16, dtypes.bfloat16})
+
+
+def is_low_precision(dtype: DType) -> bool:
+    """A storage-only float: loaded into float32 to compute, rounded back to store."""
+    return dtype in LOW_PRECISION
+
+
+def round_to(dtype: DType, value: float) -> float:
+    """`value` rounded to a low-precision float as eager rounds a Python scalar: through
+    float32 to nearest-even, NaN stays NaN, overflow is inf."""
+    return float(torch.tensor(value, dtype=torch.float64).to(to_torch(dtype)).item())
+
+
+def bits_of(dtype: DType, value: float) -> int:
+    """The 16-bit pattern of `value` in a low-precision float (NaN: the quiet positive NaN)."""
+    return int(torch.tensor(value, dtype=torch.float64).to(to_torch(dtype)).view(torch.int16).item()) & 0xFFFF

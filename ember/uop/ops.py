@@ -20,7 +20,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ember.uop.dtypes import DType, dtypes
+from ember.uop.dtypes import DType, dtypes, is_low_precision, round_to
 
 
 class Ops(enum.Enum):
@@ -283,7 +283,8 @@ def normalize_const(dtype: DType, value: Any) -> Any:
     if dtype.is_int:
         return int(value)
     if dtype.is_float:
-        return float(value)
+        # a float16/bfloat16 constant is the value it rounds to (Note: low-precision floats)
+        return round_to(dtype, value) if is_low_precision(dtype) else float(value)
     return value
 
 

@@ -72,13 +72,13 @@ def generate_wrapper(graph: LoweredGraph, steps: list[Step], kernels: dict[int, 
             freed[i] = [name for name in freed[i] if name not in inplace.values()]
             if i in kernels:  # (a group of empty buffers has no kernel)
                 body.append(L.KernelCall(kernels[i].var, list(kernels[i].params), bool(kernels[i].errors)))
+            unread: set[str] = set()
         else:
-            # an output nobody reads is never bound: its real shape may differ from its meta
-            # shape (aten's embedding_bag helpers), and checking it would fail for nothing
-            unused = {b.name for b in step.outputs if b.name in freed[i]}
-            body += _extern_lines(step, buffers, graph, objects, unused)
-            freed[i] = [name for name in freed[i] if name not in unused]
-        body += [L.FreeIfNotReused(buffers[name]) for name in sorted(freed[i])]
+            # an extern output nobody reads is never unpacked: its real layout may even differ
+            # from the meta's (embedding_bag's offset2bag is empty on its bfloat16 fast path)
+            unread = set(freed[i]) & {b.name for b in step.outputs}
+            body += _extern_lines(step, buffers, graph, objects, unread)
+        body += [L.FreeIfNotReused(buffers[name]) for name in sorted(freed[i]) if name not in unread]
     body.append(L.Return([_output_expr(o, buffers, graph, objects) for o in graph.outputs]))
     body, peak = plan_memory(body)
     source = _module_source(graph, kernels, body)
@@ -105,7 +105,8 @@ def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: 
     return "\n".join(head + call) + "\n"
 
 
-def _extern_lines(step: ExternCall, buffers: dict, graph, objects: list, unused: set[str]) -> list[L.Line]:
+def _extern_lines(step: ExternCall, buffers: dict, graph: LoweredGraph, objects: list,
+                  unread: set[str]) -> list[L.Line]:  # fmt: skip
     def arg_expr(value: Any) -> str:
         if isinstance(value, BufferRef):
             return L.tensor_expr(value, buffers[value.name].layout)
@@ -120,7 +121,7 @@ def _extern_lines(step: ExternCall, buffers: dict, graph, objects: list, unused:
     if not single and step.outputs:
         # tuple results: pick each tensor by its position in the flattened result
         source = f"{step.outputs[0].name}_result"
-        lines += [L.Unpack(source, p, b) for p, b in zip(step.output_positions, step.outputs) if b.name not in unused]
+        lines += [L.Unpack(source, p, b) for p, b in zip(step.output_positions, step.outputs) if b.name not in unread]
         lines.append(L.Del([source]))
     return lines
 
