@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ember.ir import BufferRef, ExternCall, LoweredGraph
+from ember.ir import BufferRef, ExternCall, IndexedStore, LoweredGraph
 from ember.runtime.cache import content_hash, entry_path, write_atomic
 from ember.schedule import KernelStep, Step, last_uses
 from ember.wrapper import lines as L
@@ -61,7 +61,7 @@ def generate_wrapper(graph: LoweredGraph, steps: list[Step], kernels: dict[int, 
     for i, step in enumerate(steps):
         if isinstance(step, KernelStep):
             for computed in step.group:
-                if computed.name in step.stored:
+                if computed.name in step.stored and not isinstance(computed, IndexedStore):  # it mutates
                     buffers[computed.name] = computed.buffer
                     body.append(L.Allocate(computed.buffer))
             if i in kernels:  # (a group of empty buffers has no kernel)
