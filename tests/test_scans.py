@@ -42,6 +42,7 @@ def scans(dim: int, floats: bool) -> dict[str, Callable]:
         "cummax": lambda x: x.cummax(dim),
         "cummin": lambda x: x.cummin(dim),
         "cumsum_of_expression": lambda x: (x * 2 + 1).cumsum(dim) * 3,
+        "cumsum_of_broadcast": lambda x: x.sum().expand(x.shape).cumsum(dim),  # restarts per row all the same
     }
     if floats:
         ops["logcumsumexp"] = lambda x: x.logcumsumexp(dim)

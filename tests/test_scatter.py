@@ -274,6 +274,21 @@ def test_negative_scatter_index_raises_and_masked_scatter_short_source():
     assert ember.metrics.fallback_calls == 0
 
 
+def in_place_on_input(x, i, s):
+    x.scatter_add_(0, i, s)
+    x.index_put_((i[0],), s[0], accumulate=True)
+    return x.cumsum(0)
+
+
+def test_in_place_on_an_input():
+    """Functionalized: the stores go to a copy, which is written back into the input."""
+    x, i, s = data((4, 5)), indices([[0, 1, 2, 0, 3], [3, 3, 3, 3, 3]]), data((2, 5), seed=1)
+    got_x, want_x = x.clone(), x.clone()
+    torch.testing.assert_close(compile_fn(in_place_on_input)(got_x, i, s), in_place_on_input(want_x, i, s))
+    torch.testing.assert_close(got_x, want_x)
+    assert ember.metrics.fallback_calls == 0
+
+
 # ---- gradients ------------------------------------------------------------------------------------
 
 
@@ -304,6 +319,24 @@ def test_gradient_of_embedding():
     ids = indices([[1, 2, 2, 9], [0, 1, 1, 1]])
     check_gradients(lambda w, i: F.embedding(i, w), data((10, 3)), ids)
     check_gradients(lambda w, i: F.embedding(i, w, padding_idx=1), data((10, 3)), ids)
+
+
+def test_training_step_with_embedding():
+    torch.manual_seed(0)
+    embedding, linear = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 3)
+
+    def step(ids):
+        loss = linear(embedding(ids)).cumsum(1).sum()
+        loss.backward()
+        return loss
+
+    ids = torch.randint(0, 50, (4, 7))
+    compile_fn(step)(ids)
+    got = embedding.weight.grad.clone()
+    embedding.weight.grad = None
+    step(ids)
+    torch.testing.assert_close(got, embedding.weight.grad)
+    assert ember.metrics.fallback_calls == 0, dict(ember.metrics.fallback_ops)
 
 
 def test_gradient_of_advanced_indexing_and_index_select():

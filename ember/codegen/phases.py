@@ -139,10 +139,10 @@ def lower_reduce(ctx: itertools.count, red: UOp) -> UOp:
 
 
 def lower_scan(ctx: itertools.count, scan: UOp) -> UOp:
-    """SCAN(value, r) -> ACC_RUNNING(acc, ACC_UPDATE(acc, value, r)): the accumulator is declared
-    outside the scan loop r and read inside it, after each update (Note: scans, lower/scans.py).
-    Scans over the same range share its loop."""
-    value, scan_range = scan.src
+    """SCAN(value, r, *other ranges) -> ACC_RUNNING(acc, ACC_UPDATE(acc, value, r)): the
+    accumulator is declared inside the other ranges' loops and outside the scan loop r, and read
+    inside it after each update (Note: scans, lower/scans.py). Scans over one range share its loop."""
+    value, scan_range = scan.src[:2]
     if scan_range.op is not Ops.RANGE:  # a scanned dim of size 1
         return value
     arg = AccArg(scan.arg, normalize_const(scan.dtype, reduce_identity(scan.arg, scan.dtype)), next(ctx))

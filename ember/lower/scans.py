@@ -1,8 +1,8 @@
 """Lowerings of scans: cumsum, cumprod, cummax/cummin (values and indices), logcumsumexp.
 
 Note: scans
-    A scan's body is SCAN(value, AXIS d, combine): at position p, the combination of
-    value(p with dim d := j) over j <= p[d]. It is always realized, and its kernel runs
+    A scan's body is SCAN(value, AXIS d, *the other AXIS, combine): at position p, the
+    combination of value(p with dim d := j) over j <= p[d]. It is always realized, and its kernel runs
     alone (schedule/nodes.py `runs_alone`): codegen makes dim d a sequential (reduce) loop
     inside the others (codegen/kernel.py) and lowers SCAN to an accumulator declared
     outside that loop, updated in it and read right after each update (ACC_RUNNING,
@@ -37,8 +37,11 @@ def trivial(x: TensorValue, dim: int) -> bool:
     return x.numel == 0 or x.ndim == 0 or x.shape[normalized_dim(dim, x.ndim)] == 1
 
 
-def scan(value: UOp, dim: int, combine: Ops) -> UOp:
-    return UOp(Ops.SCAN, value.dtype, (value, axis(dim)), combine)
+def scan(value: UOp, dim: int, combine: Ops, ndim: int) -> UOp:
+    """SCAN(value, scanned axis, *the other axes): the accumulator restarts for every position
+    of the other axes, even those the value does not vary with (a broadcast gradient)."""
+    others = [axis(d) for d in range(ndim) if d != dim]
+    return UOp(Ops.SCAN, value.dtype, (value, axis(dim), *others), combine)
 
 
 def scanned(ctx: LoweringContext, origin: str, x: TensorValue, dim: int, combine: Ops, out: DType,
@@ -47,7 +50,7 @@ def scanned(ctx: LoweringContext, origin: str, x: TensorValue, dim: int, combine
     value = x.body.cast(out).cast(accumulator(out)) if value is None else value
     if trivial(x, dim):
         return TensorValue(x.shape, out, value.cast(out))
-    body = scan(value, normalized_dim(dim, x.ndim), combine).cast(out)
+    body = scan(value, normalized_dim(dim, x.ndim), combine, x.ndim).cast(out)
     return ctx.realized(TensorValue(x.shape, out, body), origin)
 
 
@@ -83,11 +86,11 @@ def lower_cummax(ctx, node, x: TensorValue, dim: int) -> tuple[TensorValue, Tens
         return x, TensorValue(x.shape, dtypes.int64, UOp.const(dtypes.int64, 0))
     dim = normalized_dim(dim, x.ndim)
     element = x.body
-    best = scan(element, dim, combine)
+    best = scan(element, dim, combine, x.ndim)
     is_best = element.alu(Ops.CMPEQ, best)
     if element.dtype.is_float:
         is_best = is_best.alu(Ops.OR, element.alu(Ops.ISNAN))
     position = is_best.where(axis(dim).cast(dtypes.int64), UOp.const(dtypes.int64, 0))
     values = ctx.realized(TensorValue(x.shape, x.dtype, best), node.name)
-    indices = ctx.realized(TensorValue(x.shape, dtypes.int64, scan(position, dim, Ops.MAX)), node.name)
+    indices = ctx.realized(TensorValue(x.shape, dtypes.int64, scan(position, dim, Ops.MAX, x.ndim)), node.name)
     return values, indices

@@ -37,7 +37,7 @@ class Ops(enum.Enum):
     DEFINE_ACC = enum.auto()  # accumulator declared where the REDUCE result lives; arg: AccArg
     ACC_UPDATE = enum.auto()  # src: (DEFINE_ACC, value, *reduce RANGEs); acc = combine(acc, value)
     ACC_READ = enum.auto()  # src: (DEFINE_ACC, ACC_UPDATE); the reduced value after the loop
-    SCAN = enum.auto()  # src: (value, scan RANGE); the running REDUCE up to the range's value; arg: combining Ops
+    SCAN = enum.auto()  # src: (value, scan RANGE, *other ranges); the running reduction up to the range; arg: combine
     ACC_RUNNING = enum.auto()  # src: (DEFINE_ACC, ACC_UPDATE); the accumulator inside the loop, after the update
     LOGADDEXP = enum.auto()  # combining op of logcumsumexp's accumulator only: log(exp(a) + exp(b))
     ENDRANGE = enum.auto()  # linearizer only: closes src[0]
