@@ -62,6 +62,9 @@ SCATTER: dict[str, Callable] = {
     "scatter_add_dim0": lambda x, d, u, s: x.scatter_add(0, u.t()[:, :4] % 4, s),
     "scatter_add_dim1": lambda x, d, u, s: x.scatter_add(1, u[:4], s),
     "scatter_add_index_smaller_than_src": lambda x, d, u, s: x.scatter_add(1, u[:2, :2], s),
+    "scatter_reduce_add_deprecated": lambda x, d, u, s: x.scatter(1, u[:4], s, reduce="add"),
+    "scatter_multiply_value_deprecated": lambda x, d, u, s: x.scatter(1, u[:4], 2, reduce="multiply"),
+    "scatter_int32_index": lambda x, d, u, s: x.scatter(0, d.to(i32), s),
 }
 for _reduce in ("sum", "prod", "mean", "amax", "amin"):
     for _include in (True, False):
@@ -215,6 +218,13 @@ def test_index_reduce():
     for dtype in (f32, i64):
         torch._dynamo.reset()
         check_lowered(ops, data((3, 5), dtype), indices([4, 0, 4, 2]), transposed((3, 4), dtype, 1))
+    torch._dynamo.reset()
+    scalar_ops = {
+        f"{reduce}_{include}": lambda x, i, s, r=reduce, inc=include: x.index_reduce(0, i, s, r, include_self=inc)
+        for reduce in ("prod", "mean", "amax", "amin")
+        for include in (True, False)
+    }
+    check_lowered(scalar_ops, data(()), indices([0]), data((), seed=1))
 
 
 def test_masked_scatter():

@@ -117,7 +117,7 @@ def reduce_into(ctx, node, x: TensorValue, shape, index: UOp, value: UOp, reduce
 
 def scatter_positions(x: TensorValue, dim: int, index: TensorValue, op: str) -> tuple[tuple[int, ...], UOp]:
     """(iteration shape, linear index into a contiguous copy of x) for scatter along `dim`."""
-    if index.dtype is not dtypes.int64:
+    if index.dtype not in (dtypes.int64, dtypes.int32):
         raise Unsupported(f"{op} with {index.dtype} indices")
     layout = Layout.contiguous(x.shape)
     if x.ndim == 0:
@@ -139,14 +139,16 @@ def source_value(src: TensorValue | float | int | bool, shape: tuple[int, ...], 
     return src.reindex(shape, identity_axes(len(shape))).body.cast(dtype)
 
 
-@register(aten.scatter.src, aten.scatter.value)
+@register(aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce)
 def lower_scatter(ctx, node, x: TensorValue, dim: int, index: TensorValue, src, reduce=None) -> TensorValue:
-    if reduce is not None:
-        raise Unsupported("scatter with the deprecated reduce= argument")
+    """scatter, and its deprecated reduce="add" / "multiply" forms (which include self)."""
     _, dtype = result(node)
+    combine = {None: None, "add": Ops.ADD, "multiply": Ops.MUL}.get(reduce, Ops.SINK)
+    if combine is Ops.SINK:
+        raise Unsupported(f"scatter with reduce={reduce!r}; aten reports it")
     shape, linear = scatter_positions(x, dim, index, "scatter")
     out = fresh_copy(ctx, node, x, dtype)
-    store_at(ctx, node, out, shape, linear, source_value(src, shape, dtype), None)
+    store_at(ctx, node, out, shape, linear, source_value(src, shape, dtype), combine)
     return load(out)
 
 
@@ -171,9 +173,12 @@ def lower_scatter_reduce(ctx, node, x: TensorValue, dim: int, index: TensorValue
 def lower_index_reduce(ctx, node, x: TensorValue, dim: int, index: TensorValue, src: TensorValue, reduce: str,
                        include_self: bool = True) -> TensorValue:  # fmt: skip
     """x[..., index[i], ...] (reduce)= src[..., i, ...] along `dim`."""
-    if index.dtype not in (dtypes.int64, dtypes.int32) or x.ndim == 0 or index.ndim != 1:
-        raise Unsupported("index_reduce of a 0-d tensor or with a non-integer index")
+    if index.dtype not in (dtypes.int64, dtypes.int32) or index.ndim > 1:
+        raise Unsupported("index_reduce with a non-integer index")
     _, dtype = result(node)
+    if x.ndim == 0:  # index holds one position, 0, and src is one element
+        linear = checked_position(index.body, 1, False, "IndexError", "index out of range in self")
+        return reduce_into(ctx, node, x, index.shape, linear, src.body.cast(dtype), reduce, include_self)
     dim = normalized_dim(dim, x.ndim)
     positions = identity_axes(x.ndim)
     chosen = index.reindex(src.shape, [axis(dim)]).body
