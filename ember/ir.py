@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ember.uop.dtypes import DType
+from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import BufferArg, Ops, UOp
 
 
@@ -87,6 +87,30 @@ class ComputedBuffer:
 
 
 @dataclass
+class IndexedStore:
+    """A kernel that writes into `buffer`, which an earlier step created, at positions computed
+    from data: for every position p of `shape`, buffer[index(p)] (combine)= value(p). `index`
+    and `value` are UOps over AXIS placeholders of `shape` (Note: stores at computed
+    positions, lower/scatter.py)."""
+
+    buffer: Buffer
+    shape: tuple[int, ...]
+    index: UOp  # linear element index into `buffer`
+    value: UOp
+    combine: Ops | None = None  # None overwrites; ADD/MUL/MAX/MIN fold into the element
+    origins: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.buffer.name
+
+    @property
+    def body(self) -> UOp:
+        """Everything the kernel reads, for dependencies and the debug dump."""
+        return UOp(Ops.SINK, dtypes.void, (self.index, self.value))
+
+
+@dataclass
 class ExternCall:
     """A call of an aten op on realized buffers. `args`/`kwargs` hold `BufferRef`s for tensors."""
 
@@ -125,6 +149,6 @@ class OutputSpec:
 class LoweredGraph:
     inputs: list[Buffer]
     constants: dict[str, Any]  # name -> torch.Tensor held by the wrapper
-    steps: list[ComputedBuffer | ExternCall] = field(default_factory=list)
+    steps: list[ComputedBuffer | IndexedStore | ExternCall] = field(default_factory=list)
     outputs: list[OutputSpec] = field(default_factory=list)
     buffers: dict[str, Buffer] = field(default_factory=dict)  # every named buffer, by name

@@ -3,8 +3,8 @@
 Ops that take the same inputs compile together as one graph returning a tuple, so a test is
 one trace and one kernel per output. Inputs come contiguous, transposed (non-contiguous) and
 expanded (broadcast); index tensors come as int64 and int32 where eager takes both, with
-negative values where eager allows them, 0-d and empty. The scatter-like ops are not lowered
-yet: their test checks that they stay correct through the aten fallback.
+negative values where eager allows them, 0-d and empty. The scatter-like ops are tested in
+tests/test_scatter.py.
 
 Results with no elements compile in a graph of their own (`test_empty_results`): the fusion
 scheduler in progress (schedule/group.py `align`) puts a (3, 0) result into the loop nest of a
@@ -342,37 +342,7 @@ def test_assignments_masked_fill_where_clone(dtype):
     check_lowered(ops, transposed((3, 5), dtype), data((3, 2), dtype, 1))
 
 
-# ---- what is not lowered: scatters at data-dependent positions, masks ---------------------------
-
-
-def index_assign(x, i, g, v):
-    x = x.clone()
-    x[i] = v[0]
-    return x
-
-
-SCATTER: dict[str, Callable] = {  # x (4, 5), i (3,) distinct, g (4, 2), v (3, 5)
-    "scatter": lambda x, i, g, v: x.scatter(1, g, v[:1].expand(4, 5)),
-    "scatter_add": lambda x, i, g, v: x.scatter_add(1, g, v.repeat(2, 1)[:4]),
-    "index_put": lambda x, i, g, v: x.index_put((i,), v),
-    "index_put_accumulate": lambda x, i, g, v: x.index_put((i % 2,), v, accumulate=True),
-    "index_add": lambda x, i, g, v: x.index_add(0, i % 4, v),
-    "index_assign": index_assign,
-    "index_fill": lambda x, i, g, v: x.index_fill(1, i % 4, 2.0),
-}
-
-
-def test_scatter_like_ops_use_the_fallback():
-    x = data((4, 5))
-    check(
-        lambda *a: tuple(fn(*a) for fn in SCATTER.values()),
-        x,
-        indices([3, 0, -2]),
-        indices([[0, 4], [1, 1], [3, 2], [4, 0]]),
-        data((3, 5), seed=1),
-    )
-    assert ember.metrics.fallback_calls > 0
-    assert set(ember.metrics.fallback_ops) <= {"aten.scatter.src", "aten.scatter_add.default", "aten.index_put.default"}
+# ---- boolean masks (the scatters are in tests/test_scatter.py) ---------------------------------------
 
 
 def test_boolean_mask_is_correct():

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ember.ir import Buffer, ComputedBuffer
+from ember.ir import Buffer, ComputedBuffer, IndexedStore
 from ember.schedule.group import align, resolve_bodies
 from ember.uop.dtypes import dtypes
-from ember.uop.ops import BufferArg, Ops, UOp, substitute
+from ember.uop.ops import BufferArg, Ops, ScatterArg, UOp, substitute
 from ember.uop.pattern import graph_rewrite
 from ember.uop.symbolic import pm_symbolic
 
@@ -27,12 +27,14 @@ class KernelAST:
 
 
 def build_kernel_ast(
-    group: list[ComputedBuffer], stored: set[str] | None = None, dying: dict[str, Buffer] | None = None
+    group: list[ComputedBuffer | IndexedStore], stored: set[str] | None = None, dying: dict[str, Buffer] | None = None
 ) -> KernelAST:
     """Stores every member in `stored` (default: all); the others live only in registers.
     An output may be written over one of the `dying` inputs (Note: in-place kernels)."""
+    if len(group) == 1 and isinstance(group[0], IndexedStore):
+        return _rename_buffers(indexed_store_sink(group[0]), frozenset({group[0].name}))
     stored = {c.name for c in group} if stored is None else stored
-    sink = group_sink(group, stored)
+    sink = group_sink(group, stored)  # type: ignore[arg-type]
     if isinstance(sink, str):
         raise ValueError(sink)
     inplace = choose_inplace(sink, {c.name: c.buffer for c in group}, dying or {})
@@ -94,7 +96,9 @@ def group_sink(group: list[ComputedBuffer], stored: set[str]) -> UOp | str:
     bodies = resolve_bodies(group)
     if isinstance(bodies, str):
         return bodies
-    ranges = [UOp.range(size, d) if size != 1 else UOp.const(dtypes.index, 0) for d, size in enumerate(sizes)]
+    scanned = {u.src[1].arg for c in group for u in c.body.toposort if u.op is Ops.SCAN}
+    ranges = [UOp.range(size, d + SCAN_AXIS_BASE * (d in scanned), reduce=d in scanned) if size != 1
+              else UOp.const(dtypes.index, 0) for d, size in enumerate(sizes)]  # fmt: skip
     stores = []
     for computed, placement in zip(group, placements):
         if computed.name not in stored:
@@ -103,6 +107,22 @@ def group_sink(group: list[ComputedBuffer], stored: set[str]) -> UOp | str:
                      for d, s in zip(placement, computed.buffer.layout.size)]  # fmt: skip
         stores.append(_store(computed, bodies[computed.name], loop_vars))
     return UOp(Ops.SINK, dtypes.void, tuple(stores))
+
+
+# A scanned dim is a sequential (reduce) loop inside the others (Note: scans, lower/scans.py);
+# a scan kernel has no other member, so its dims are the group's dims.
+SCAN_AXIS_BASE = 1 << 36
+
+
+def indexed_store_sink(step: IndexedStore) -> UOp:
+    """One loop nest over `step.shape` storing each value at its computed position, with a
+    ScatterArg so the renderer makes the store atomic (Note: stores at computed positions)."""
+    loop_vars = [UOp.range(s, d) if s != 1 else UOp.const(dtypes.index, 0) for d, s in enumerate(step.shape)]
+    mapping = {UOp(Ops.AXIS, dtypes.index, (), d): v for d, v in enumerate(loop_vars)}
+    index, value = substitute(step.index, mapping), substitute(step.value, mapping)
+    out = step.buffer.uop()
+    store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, index)), value), ScatterArg(step.combine))
+    return UOp(Ops.SINK, dtypes.void, (store,))
 
 
 def _store(computed: ComputedBuffer, body: UOp, loop_vars: list[UOp]) -> UOp:

@@ -11,6 +11,7 @@ global view, like loop order).
 from __future__ import annotations
 
 import itertools
+import math
 
 from ember.codegen.low_precision import pm_low_precision
 from ember.uop.dtypes import DType, dtypes
@@ -80,7 +81,7 @@ def order_loops(sink: UOp) -> UOp:
     """Renumber loop ranges so the one with the largest store stride is outermost, as a
     row-major walk of each output keeps both the writes and most reads sequential."""
     loops = [u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce]
-    if len(loops) < 2 or any(u.op is Ops.REDUCE for u in sink.toposort):
+    if len(loops) < 2 or any(u.op in (Ops.REDUCE, Ops.SCAN) for u in sink.toposort):
         return sink  # reductions stay hoisted only while their loops stay outermost
     stride = {r: 0 for r in loops}
     for store in (s for s in sink.src if s.op is Ops.STORE):
@@ -123,6 +124,8 @@ def reduce_identity(combine: Ops, dtype: DType) -> int | float | bool:
         return dtype.min
     if combine is Ops.MIN:
         return dtype.max
+    if combine is Ops.LOGADDEXP:
+        return -math.inf
     raise ValueError(f"no identity for reduction {combine}")
 
 
@@ -137,8 +140,22 @@ def lower_reduce(ctx: itertools.count, red: UOp) -> UOp:
     return UOp(Ops.ACC_READ, red.dtype, (acc, update))
 
 
+def lower_scan(ctx: itertools.count, scan: UOp) -> UOp:
+    """SCAN(value, r, *other ranges) -> ACC_RUNNING(acc, ACC_UPDATE(acc, value, r)): the
+    accumulator is declared inside the other ranges' loops and outside the scan loop r, and read
+    inside it after each update (Note: scans, lower/scans.py). Scans over one range share its loop."""
+    value, scan_range = scan.src[:2]
+    if scan_range.op is not Ops.RANGE:  # a scanned dim of size 1
+        return value
+    arg = AccArg(scan.arg, normalize_const(scan.dtype, reduce_identity(scan.arg, scan.dtype)), next(ctx))
+    outer = tuple(sorted(scan.ranges - {scan_range}, key=lambda r: r.arg.axis))
+    acc = UOp(Ops.DEFINE_ACC, scan.dtype, outer, arg)
+    return UOp(Ops.ACC_RUNNING, scan.dtype, (acc, UOp(Ops.ACC_UPDATE, scan.dtype, (acc, value, scan_range))))
+
+
 pm_lower_reduce = PatternMatcher(
     [
         (UPat(Ops.REDUCE, name="red"), lower_reduce),  # REDUCE -> DEFINE_ACC + ACC_UPDATE + ACC_READ
+        (UPat(Ops.SCAN, name="scan"), lower_scan),  # SCAN -> DEFINE_ACC + ACC_UPDATE + ACC_RUNNING
     ]
 )

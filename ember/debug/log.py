@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ember.ir import ComputedBuffer, LoweredGraph
+from ember.ir import ComputedBuffer, IndexedStore, LoweredGraph
 
 
 class DebugDump:
@@ -50,6 +50,10 @@ def describe_ir(graph: LoweredGraph) -> str:
             b = step.buffer
             lines.append(f"{b.name} = computed {b.dtype.name}{list(b.layout.size)} stride {b.layout.stride}")
             lines.append(f"    body: {step.body}")
+        elif isinstance(step, IndexedStore):
+            how = "=" if step.combine is None else f"{step.combine.name}="
+            lines.append(f"{step.name}[index] {how} value, for each position of {list(step.shape)}")
+            lines.append(f"    index: {step.index}\n    value: {step.value}")
         else:
             kind = "fallback" if step.is_fallback else "extern"
             lines.append(f"{', '.join(o.name for o in step.outputs)} = {kind} {step.op} ({step.origin})")

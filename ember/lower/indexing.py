@@ -7,10 +7,8 @@ difference is that a position may be computed from data: an index tensor's eleme
 loaded, cast to `dtypes.index`, and used in the input's reindex (an indirect LOAD).
 
 Ops that write at computed positions (scatter, scatter_add, index_put, index_add,
-masked_scatter) are not registered and so go to the aten fallback: the IR stores each
-computed buffer at its own layout's position, so a kernel whose STORE index comes from
-data, after a copy of the base tensor, needs support in ir.py and codegen first. Boolean
-masks in `aten.index` (`x[mask]`) give a data-dependent shape and go to the fallback too.
+masked_scatter) are in scatter.py (Note: stores at computed positions). Boolean masks in
+`aten.index` (`x[mask]`) give a data-dependent shape and go to the fallback.
 
 Note: reads must be in bounds
     A kernel may evaluate both sides of a WHERE: every UOp but a LOAD renders as its own

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ember.uop.dtypes import DType, bits_of, dtypes
-from ember.uop.ops import CheckArg, Ops, UOp
+from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp
 
 # No FMA contraction (-ffp-contract=off in runtime/cpu.py): eager rounds a product and a sum
 # separately, so kernels must too. (Not `#pragma GCC optimize`: it stops gcc from inlining
@@ -35,6 +35,22 @@ template <typename T> static inline T ember_ipow(T a, T b) {
   if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
   T r = 1; while (b) { if (b & 1) r = (T)((uint64_t)r * (uint64_t)a); a = (T)((uint64_t)a * (uint64_t)a); b >>= 1; }
   return r;
+}
+// Stores at computed positions (Note: stores at computed positions, lower/scatter.py): atomic,
+// so iterations that hit one element never race; relaxed, as nothing else orders on them.
+template <typename T> static inline void ember_store(T* p, T v) { __atomic_store(p, &v, __ATOMIC_RELAXED); }
+template <typename T, typename F> static inline void ember_update(T* p, T v, F combine) {
+  T old, want;
+  __atomic_load(p, &old, __ATOMIC_RELAXED);
+  do {
+    want = combine(old, v);
+  } while (!__atomic_compare_exchange(p, &old, &want, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+}
+// logcumsumexp's step, as aten's _log_add_exp_helper(x, acc): NaN propagates, equal infinities stay.
+template <typename T> static inline T ember_logaddexp(T acc, T x) {
+  T lo = (acc != acc) ? acc : (acc < x ? acc : x), hi = (acc != acc) ? acc : (x < acc ? acc : x);
+  if (lo != hi || (lo - lo) == 0) return __builtin_log1p(__builtin_exp(lo - hi)) + hi;
+  return x;
 }
 template <typename T, typename S> static inline T ember_shl(T a, S b) {
   return (b < 0 || b >= (S)(8 * sizeof(T))) ? 0 : (T)((uint64_t)a << b);
@@ -258,7 +274,7 @@ def loop_pragma(program: list[UOp], start: int, outermost: bool, parallel_thresh
     """OpenMP for the loop opened at program[start]: `parallel for` on a large outermost
     loop, `simd` on an innermost one, with a reduction clause for each accumulator updated
     inside and declared outside."""
-    innermost, updated, declared_inside, depth = True, [], set(), 0
+    innermost, updated, declared_inside, depth, scatters = True, [], set(), 0, False
     for u in program[start + 1 :]:
         if u.op is Ops.RANGE:
             innermost, depth = False, depth + 1
@@ -270,11 +286,16 @@ def loop_pragma(program: list[UOp], start: int, outermost: bool, parallel_thresh
             declared_inside.add(u)
         elif u.op is Ops.ACC_UPDATE and u.src[0] not in declared_inside and u.src[0] not in updated:
             updated.append(u.src[0])
+        elif u.op is Ops.ACC_RUNNING and u.src[0] not in declared_inside:
+            return None  # a scan loop: each step reads the last one's accumulator (Note: scans)
+        elif u.op is Ops.STORE and isinstance(u.arg, ScatterArg):
+            scatters = True  # iterations may hit one element: threads (atomic stores), never SIMD lanes
     size = program[start].src[0].arg
     parallel = outermost and size > 1 and _work(program, program[start]) >= parallel_threshold
-    if not parallel and not innermost:
+    simd = innermost and not scatters
+    if not parallel and not simd:
         return None
-    words = (["parallel for"] if parallel else []) + (["simd"] if innermost else [])
+    words = (["parallel for"] if parallel else []) + (["simd"] if simd else [])
     clauses = [f"reduction({_clause_op(acc)}:acc{acc.arg.id})" for acc in updated]
     return "#pragma omp " + " ".join(words + clauses)
 
@@ -314,6 +335,8 @@ def _render_body(program: list[UOp], parallel_threshold: int, errors: list[Check
             names[u] = f"{u.src[0].arg.name}[{ref(u.src[1])}]"
         elif u.op is Ops.LOAD:
             names[u] = ref(u.src[0])
+        elif u.op is Ops.STORE and isinstance(u.arg, ScatterArg):
+            lines.append(f"{pad}{_scatter_store(u.arg.combine, u.src[1].dtype, ref(u.src[0]), ref(u.src[1]))};")
         elif u.op is Ops.STORE:
             lines.append(f"{pad}{ref(u.src[0])} = {ref(u.src[1])};")
         elif u.op is Ops.DEFINE_ACC:
@@ -323,7 +346,7 @@ def _render_body(program: list[UOp], parallel_threshold: int, errors: list[Check
             acc = names[u.src[0]]
             combined = _combine(u.src[0].arg.combine, u.dtype, acc, ref(u.src[1]))
             lines.append(f"{pad}{acc} = {combined};")
-        elif u.op is Ops.ACC_READ:
+        elif u.op in (Ops.ACC_READ, Ops.ACC_RUNNING):
             names[u] = names[u.src[0]]
         elif u.op is Ops.CHECK:
             names[u] = ref(u.src[0])
@@ -350,7 +373,25 @@ _COMBINE: dict[Ops, Callable[[str, str, str], str]] = {
     Ops.MUL: lambda t, a, b: f"{a} * {b}",
     Ops.MAX: lambda t, a, b: f"ember_max<{t}>({a}, {b})",
     Ops.MIN: lambda t, a, b: f"ember_min<{t}>({a}, {b})",
+    Ops.LOGADDEXP: lambda t, a, b: f"ember_logaddexp<{t}>({a}, {b})",
 }
+
+
+def _scatter_store(combine: Ops | None, dtype: DType, target: str, value: str) -> str:
+    """An atomic store, or an atomic read-combine-write, of `value` into `target`. Integer
+    sums use fetch_add (which wraps, as eager does); the rest a compare-and-swap loop."""
+    if combine is None:
+        return f"ember_store<{dtype.ctype}>(&{target}, {value})"
+    if combine is Ops.ADD and dtype.kind in ("int", "uint"):
+        return f"__atomic_fetch_add(&{target}, {value}, __ATOMIC_RELAXED)"
+    if dtype.is_bool and combine in (Ops.ADD, Ops.MAX, Ops.MUL, Ops.MIN):
+        expression = "a || b" if combine in (Ops.ADD, Ops.MAX) else "a && b"
+    elif combine is Ops.MUL and (unsigned := _wraps(dtype)) is not None:
+        expression = f"({dtype.ctype})(({unsigned})a * ({unsigned})b)"
+    else:
+        expression = _combine(combine, dtype, "a", "b")
+    t = dtype.ctype
+    return f"ember_update<{t}>(&{target}, {value}, []({t} a, {t} b) -> {t} {{ return {expression}; }})"
 
 
 def _combine(op: Ops, dtype: DType, acc: str, value: str) -> str:

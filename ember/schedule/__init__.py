@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from torch.utils._pytree import tree_flatten
 
-from ember.ir import BufferRef, ComputedBuffer, ExternCall, LoweredGraph
+from ember.ir import BufferRef, ComputedBuffer, ExternCall, IndexedStore, LoweredGraph
 from ember.schedule.fusion import FusionState, Group, WhyNoFuse, fuse, topological_order
 from ember.schedule.memory import last_use_positions
 from ember.schedule.nodes import SchedulerNode, build_nodes
@@ -23,7 +23,7 @@ from ember.uop.ops import Ops
 
 @dataclass
 class KernelStep:
-    group: list[ComputedBuffer]
+    group: list[ComputedBuffer | IndexedStore]  # an IndexedStore is always alone
     stored: set[str]  # members written to memory; the rest are kernel-local
 
     @property

@@ -99,7 +99,7 @@ def fuse(state: FusionState) -> FusionState:
 def candidate_pairs(state: FusionState) -> list[tuple[Group, Group]]:
     users: dict[str, list[Group]] = {}
     for g in state.groups:
-        if g.is_extern:
+        if any(n.runs_alone for n in g.nodes):  # externs, stores at computed positions, scans
             continue
         for b in g.reads() | g.writes():
             users.setdefault(b, []).append(g)

@@ -4,6 +4,8 @@ A node is one computed buffer (a UOp body) or one extern call. Its reads are
 `MemoryDep(buffer, index)` for each LOAD in a body (index in the node's own axes),
 `StarDep(buffer)` for whole-buffer reads (extern arguments), and `WeakDep(buffer)` for
 ordering only (a later mutation of a buffer must wait for its earlier readers).
+An `IndexedStore` mutates a buffer an earlier step created: it also reads that buffer
+(`StarDep`), so it runs after the step that created it and before every later reader.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 
 from torch.utils._pytree import tree_flatten
 
-from ember.ir import BufferRef, ComputedBuffer, ExternCall, LoweredGraph
+from ember.ir import BufferRef, ComputedBuffer, ExternCall, IndexedStore, LoweredGraph
 from ember.uop.ops import Ops, UOp
 
 
@@ -37,7 +39,7 @@ Dep = MemoryDep | StarDep | WeakDep
 
 @dataclass(eq=False)
 class SchedulerNode:
-    step: ComputedBuffer | ExternCall
+    step: ComputedBuffer | IndexedStore | ExternCall
     position: int  # in the lowered program's order
     reads: list[Dep] = field(default_factory=list)
     writes: list[str] = field(default_factory=list)
@@ -51,6 +53,15 @@ class SchedulerNode:
     @property
     def is_extern(self) -> bool:
         return isinstance(self.step, ExternCall)
+
+    @property
+    def runs_alone(self) -> bool:
+        """Never fused: externs, stores at computed positions and scans (whose scanned dim is
+        a sequential loop no other member could share)."""
+        step = self.step
+        if isinstance(step, ComputedBuffer):
+            return any(u.op is Ops.SCAN for u in step.body.toposort)
+        return True
 
     @property
     def read_buffers(self) -> set[str]:
@@ -77,13 +88,15 @@ def build_nodes(graph: LoweredGraph) -> list[SchedulerNode]:
     return nodes
 
 
-def _node(step: ComputedBuffer | ExternCall, position: int) -> SchedulerNode:
-    if isinstance(step, ComputedBuffer):
+def _node(step: ComputedBuffer | IndexedStore | ExternCall, position: int) -> SchedulerNode:
+    if isinstance(step, (ComputedBuffer, IndexedStore)):
         reads: list[Dep] = [
             MemoryDep(u.src[0].arg.name, u.src[1])
             for u in step.body.toposort
             if u.op is Ops.INDEX and u.src[0].op is Ops.BUFFER
         ]
+        if isinstance(step, IndexedStore):
+            reads.append(StarDep(step.name))
         return SchedulerNode(step, position, list(dict.fromkeys(reads)), [step.name])
     refs, _ = tree_flatten((step.args, step.kwargs))
     reads = list(dict.fromkeys(StarDep(r.name) for r in refs if isinstance(r, BufferRef)))
@@ -108,9 +121,13 @@ def mutated_buffers(step: ExternCall) -> list[str]:
 def _add_mutation_order(nodes: list[SchedulerNode]) -> None:
     """A node that mutates a buffer must run after every earlier reader of it (WeakDep)."""
     for i, node in enumerate(nodes):
-        if not node.is_extern:
+        if isinstance(node.step, IndexedStore):
+            mutated = [node.step.name]
+        elif isinstance(node.step, ExternCall):
+            mutated = mutated_buffers(node.step)
+        else:
             continue
-        for buffer in mutated_buffers(node.step):
+        for buffer in mutated:
             for earlier in nodes[:i]:
                 if buffer in earlier.read_buffers:
                     node.reads.append(WeakDep(earlier.name))

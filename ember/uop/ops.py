@@ -37,6 +37,9 @@ class Ops(enum.Enum):
     DEFINE_ACC = enum.auto()  # accumulator declared where the REDUCE result lives; arg: AccArg
     ACC_UPDATE = enum.auto()  # src: (DEFINE_ACC, value, *reduce RANGEs); acc = combine(acc, value)
     ACC_READ = enum.auto()  # src: (DEFINE_ACC, ACC_UPDATE); the reduced value after the loop
+    SCAN = enum.auto()  # src: (value, scan RANGE, *other ranges); the running reduction up to the range; arg: combine
+    ACC_RUNNING = enum.auto()  # src: (DEFINE_ACC, ACC_UPDATE); the accumulator inside the loop, after the update
+    LOGADDEXP = enum.auto()  # combining op of logcumsumexp's accumulator only: log(exp(a) + exp(b))
     ENDRANGE = enum.auto()  # linearizer only: closes src[0]
     CHECK = enum.auto()  # src: (value, ok); the value, and a run-time error where `ok` is false; arg: CheckArg
     # unary
@@ -133,6 +136,15 @@ class AccArg:
     combine: Ops
     identity: Any
     id: int
+
+
+@dataclass(frozen=True)
+class ScatterArg:
+    """A STORE at a position computed from data (Note: stores at computed positions, lower/scatter.py):
+    other iterations may write the same element, so the store is atomic; `combine` (ADD, MUL,
+    MAX, MIN) folds the value into the element, None overwrites it."""
+
+    combine: Ops | None = None
 
 
 @dataclass(frozen=True)

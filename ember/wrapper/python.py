@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ember.ir import BufferRef, ExternCall, LoweredGraph
+from ember.ir import BufferRef, ExternCall, IndexedStore, LoweredGraph
 from ember.runtime.cache import content_hash, entry_path, write_atomic
 from ember.schedule import KernelStep, Step, graph_last_uses
 from ember.wrapper import lines as L
@@ -63,7 +63,7 @@ def generate_wrapper(graph: LoweredGraph, steps: list[Step], kernels: dict[int, 
         if isinstance(step, KernelStep):
             inplace = kernels[i].inplace if i in kernels else {}
             for computed in step.group:
-                if computed.name in step.stored:
+                if computed.name in step.stored and not isinstance(computed, IndexedStore):  # it mutates
                     buffers[computed.name] = computed.buffer
                     if computed.name in inplace:  # the kernel writes over a dying input
                         body.append(L.Reuse(buffers[inplace[computed.name]], computed.buffer))

@@ -1,0 +1,354 @@
+"""Stores at computed positions (ember/lower/scatter.py) against eager, through `check`.
+
+Ops with the same inputs compile together as one graph returning a tuple. Inputs come
+contiguous and transposed (non-contiguous self, src and index), in float32, int64 and bool
+where eager takes them; index tensors hold duplicates where the op accumulates (never where
+it overwrites: eager's result is unspecified then) and negative values where eager wraps
+them. Every test asserts that nothing went to the aten fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+from tests.helpers import check, compile_fn
+
+f32, f64, i32, i64, b8 = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
+
+
+def data(shape: tuple[int, ...], dtype: torch.dtype = f32, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if dtype is b8:
+        return torch.rand(shape, generator=gen) < 0.5
+    if dtype.is_floating_point:
+        return (torch.rand(shape, generator=gen, dtype=f64) * 8 - 4).to(dtype)
+    return torch.randint(-9, 10, shape, generator=gen, dtype=dtype)
+
+
+def transposed(shape: tuple[int, ...], dtype: torch.dtype = f32, seed: int = 0) -> torch.Tensor:
+    return data(shape[::-1], dtype, seed).permute(*reversed(range(len(shape))))
+
+
+def indices(values, dtype: torch.dtype = i64) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype)
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_lowered(ops: dict[str, Callable], *inputs, **tolerance) -> None:
+    """`check` the ops compiled together as one graph; none may fall back to aten."""
+    fns = tuple(ops.values())
+    try:
+        check(lambda *xs: tuple(fn(*xs) for fn in fns), *inputs, **tolerance)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n(outputs in order: {list(ops)})") from None
+    assert ember.metrics.fallback_calls == 0, f"lowered ops went to aten: {dict(ember.metrics.fallback_ops)}"
+
+
+# ---- scatter, scatter_add, scatter_reduce --------------------------------------------------------
+
+# x (4, 5) self; d (3, 5) distinct rows per column; u (5, 3) index with duplicates; s (4, 5) src
+SCATTER: dict[str, Callable] = {
+    "scatter_src": lambda x, d, u, s: x.scatter(0, d, s),
+    "scatter_value": lambda x, d, u, s: x.scatter(0, d, 2),
+    "scatter_dim1_negative_dim": lambda x, d, u, s: x.scatter(-1, d.t()[:3, :3] % 5, s),
+    "scatter_add_dim0": lambda x, d, u, s: x.scatter_add(0, u.t()[:, :4] % 4, s),
+    "scatter_add_dim1": lambda x, d, u, s: x.scatter_add(1, u[:4], s),
+    "scatter_add_index_smaller_than_src": lambda x, d, u, s: x.scatter_add(1, u[:2, :2], s),
+    "scatter_reduce_add_deprecated": lambda x, d, u, s: x.scatter(1, u[:4], s, reduce="add"),
+    "scatter_multiply_value_deprecated": lambda x, d, u, s: x.scatter(1, u[:4], 2, reduce="multiply"),
+    "scatter_int32_index": lambda x, d, u, s: x.scatter(0, d.to(i32), s),
+}
+for _reduce in ("sum", "prod", "mean", "amax", "amin"):
+    for _include in (True, False):
+        SCATTER[f"scatter_reduce_{_reduce}_{_include}"] = lambda x, d, u, s, r=_reduce, inc=_include: x.scatter_reduce(
+            1, u[:4], s, r, include_self=inc
+        )
+
+
+def scatter_inputs(dtype: torch.dtype, layout: str) -> tuple[torch.Tensor, ...]:
+    make = transposed if layout == "transposed" else data
+    distinct = torch.stack([torch.randperm(4, generator=torch.Generator().manual_seed(c))[:3] for c in range(5)], 1)
+    dup = indices([[0, 4, 4], [1, 1, 0], [3, 3, 3], [4, 0, 2], [2, 2, 2]])
+    if layout == "transposed":
+        distinct, dup = distinct.t().contiguous().t(), dup.t().contiguous().t()
+    return make((4, 5), dtype), distinct, dup, make((4, 5), dtype, 1)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("dtype", [f32, i64], ids=dtype_id)
+def test_scatter_scatter_add_scatter_reduce(dtype, layout):
+    x, d, u, s = scatter_inputs(dtype, layout)
+    assert layout == "contiguous" or not (x.is_contiguous() or d.is_contiguous() or s.is_contiguous())
+    check_lowered(SCATTER, x, d, u, s)
+    assert ember.metrics.graphs_compiled == 1
+
+
+def test_scatter_bool():
+    ops = {k: SCATTER[k] for k in ("scatter_src", "scatter_add_dim1", "scatter_reduce_amax_False")}
+    ops["scatter_value"] = lambda x, d, u, s: x.scatter(0, d, True)
+    x, d, u, s = scatter_inputs(b8, "contiguous")
+    check_lowered(ops, x, d, u, s)
+
+
+def test_scatter_nan_and_infinities():
+    x, d, u, s = scatter_inputs(f32, "contiguous")
+    s[0, 1], s[2, 3], x[1, 0], s[3, 0] = float("nan"), float("inf"), float("-inf"), float("nan")
+    ops = {k: SCATTER[k] for k in SCATTER if "amax" in k or "amin" in k or "sum" in k or "scatter_add" in k}
+    check_lowered(ops, x, d, u, s)
+
+
+def test_scatter_0d_and_empty():
+    ops = {
+        "scatter_0d": lambda x, i, e, s: x.scatter(0, i, s),
+        "scatter_add_0d": lambda x, i, e, s: x.scatter_add(0, i, s),
+        "scatter_empty_index": lambda x, i, e, s: s.new_ones(3, 4).scatter_add(1, e, s.expand(3, 0)),
+        "scatter_reduce_empty_index": lambda x, i, e, s: s.new_ones(3, 4).scatter_reduce(1, e, s.expand(3, 0), "amax"),
+    }
+    check_lowered(ops, data(()), indices(0), torch.zeros(3, 0, dtype=i64), data((), seed=1))
+
+
+def test_scatter_with_duplicates_stores_one_of_the_values():
+    """Overwriting with repeated positions: eager's result is unspecified; ember's must be one
+    of the values written there (a store never tears or mixes)."""
+    x, i, s = torch.zeros(3, 4), indices([[0, 0, 1, 1], [0, 2, 1, 2]]), data((2, 4), seed=2)
+    got = compile_fn(lambda x, i, s: x.scatter(0, i, s))(x, i, s)
+    for col in range(4):
+        for row in range(3):
+            writers = [s[k, col] for k in range(2) if i[k, col] == row]
+            assert got[row, col] in writers if writers else got[row, col] == 0
+    assert ember.metrics.fallback_calls == 0
+
+
+def test_parallel_accumulation_is_race_free():
+    """Many threads adding into few elements: integer sums must be exact (atomic stores)."""
+    n = 1 << 18
+    src = torch.arange(n, dtype=i64).reshape(n // 8, 8)
+    index = (torch.arange(n, dtype=i64) % 7).reshape(n // 8, 8)
+    ops = {
+        "sum": lambda x, i, s: x.scatter_add(0, i, s),
+        "amax": lambda x, i, s: x.scatter_reduce(0, i, s, "amax"),
+        "index_put": lambda x, i, s: x.index_put((i[:, 0],), s, accumulate=True),
+    }
+    check_lowered(ops, torch.zeros(7, 8, dtype=i64), index, src)
+
+
+def test_scatter_kernels_and_readers_of_the_result():
+    """A copy kernel, then the store kernel; readers of the result (even ones that also read
+    self, which could fuse with the copy) see it after the stores."""
+    fn = lambda x, i, s: (x.scatter_add(0, i, s) * 2 + x, x.sum())  # noqa: E731
+    x, _, u, s = scatter_inputs(f32, "contiguous")
+    check_lowered({"fn": fn}, x, u.t()[:, :4] % 4, s)
+
+
+# ---- index_put and the ops that arrive as it ------------------------------------------------------
+
+
+def index_assign(x, i, g, v):
+    x = x.clone()
+    x[i] = v[0]
+    return x
+
+
+def column_assign(x, i, g, v):
+    x = x.clone()
+    x[:, i % 5] = v.t()[:4]
+    return x
+
+
+def mask_assign(x, i, g, v):
+    x = x.clone()
+    x[x > 0] = v[0, 0]
+    return x
+
+
+def mask_accumulate(x, i, g, v):
+    return x.index_put((x[:, 0] > 0,), v[0], accumulate=True)
+
+
+# x (4, 5); i (3,) distinct with a negative; g (4, 2); v (3, 5)
+INDEX_PUT: dict[str, Callable] = {
+    "index_put": lambda x, i, g, v: x.index_put((i,), v),
+    "index_put_broadcast_value": lambda x, i, g, v: x.index_put((i,), v[0]),
+    "index_put_accumulate_duplicates": lambda x, i, g, v: x.index_put((i % 2,), v, accumulate=True),
+    "index_put_second_dim": column_assign,  # index_put with a None first
+    "index_put_two_indices": lambda x, i, g, v: x.index_put((g[:, 0] % 4, g[:, 1]), v[0, :4], accumulate=True),
+    "index_put_broadcast_indices": lambda x, i, g, v: x.index_put((g[:1, :1] % 4, g[:, 1:]), v[0, 0]),
+    "index_add": lambda x, i, g, v: x.index_add(0, i % 4, v),
+    "index_add_dim1_alpha": lambda x, i, g, v: x.index_add(1, i % 5, v.t()[:4], alpha=3),
+    "index_copy": lambda x, i, g, v: x.index_copy(0, i % 4, v),
+    "index_fill": lambda x, i, g, v: x.index_fill(1, i % 4, 2),
+    "index_assign": index_assign,
+    "mask_assign": mask_assign,
+    "mask_accumulate": mask_accumulate,
+    "put": lambda x, i, g, v: x.put(g, v[:2, :4].t()),
+    "put_accumulate": lambda x, i, g, v: x.put(g % 3, v[:2, :4].reshape(4, 2), accumulate=True),
+}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("dtype", [f32, i64], ids=dtype_id)
+def test_index_put_and_friends(dtype, layout):
+    make = transposed if layout == "transposed" else data
+    g = indices([[0, 4], [1, 1], [3, 2], [-1, 0]])
+    check_lowered(INDEX_PUT, make((4, 5), dtype), indices([3, 0, -2]), g, make((3, 5), dtype, 1))
+
+
+def test_index_put_int32_indices_and_bool_values():
+    ops = {
+        "index_put": lambda x, i, v: x.index_put((i,), v),
+        "index_put_accumulate": lambda x, i, v: x.index_put((i % 2,), v, accumulate=True),
+    }
+    check_lowered(ops, data((4, 5), b8), indices([3, 0, -2], i32), data((3, 5), b8, 1))
+
+
+def test_index_reduce():
+    ops = {
+        f"{reduce}_{include}": lambda x, i, s, r=reduce, inc=include: x.index_reduce(1, i, s, r, include_self=inc)
+        for reduce in ("prod", "mean", "amax", "amin")
+        for include in (True, False)
+    }
+    for dtype in (f32, i64):
+        torch._dynamo.reset()
+        check_lowered(ops, data((3, 5), dtype), indices([4, 0, 4, 2]), transposed((3, 4), dtype, 1))
+    torch._dynamo.reset()
+    scalar_ops = {
+        f"{reduce}_{include}": lambda x, i, s, r=reduce, inc=include: x.index_reduce(0, i, s, r, include_self=inc)
+        for reduce in ("prod", "mean", "amax", "amin")
+        for include in (True, False)
+    }
+    check_lowered(scalar_ops, data(()), indices([0]), data((), seed=1))
+
+
+def test_masked_scatter():
+    ops = {
+        "masked_scatter": lambda x, m, s: x.masked_scatter(m, s),
+        "broadcast_mask": lambda x, m, s: x.masked_scatter(m[:1], s),
+        "transposed": lambda x, m, s: x.t().masked_scatter(m.t(), s),
+    }
+    x, m = data((4, 5)), data((4, 5), b8, 1)
+    check_lowered(ops, x, m, data((30,), seed=2))
+
+
+def test_diagonal_and_as_strided_scatter():
+    ops = {
+        "diagonal": lambda x, s: torch.diagonal_scatter(x, s[0, :4]),
+        "diagonal_offset": lambda x, s: torch.diagonal_scatter(x, s[1, :3], 2),
+        "diagonal_negative_offset_dims": lambda x, s: torch.diagonal_scatter(x, s[2, :3], -2, 1, 0),
+        "as_strided": lambda x, s: torch.as_strided_scatter(x, s[:2, :2], (2, 2), (1, 5), 1),
+        "as_strided_3": lambda x, s: torch.as_strided_scatter(x, s[0, :3], (3,), (6,)),
+    }
+    check_lowered(ops, data((4, 5)), data((3, 5), seed=1))
+
+
+# ---- out of range ---------------------------------------------------------------------------------
+
+OUT_OF_RANGE: dict[str, tuple[Callable, type[Exception]]] = {
+    "scatter": (lambda x, i: x.scatter(0, i.unsqueeze(0), 1.0), RuntimeError),
+    "scatter_add": (lambda x, i: x.scatter_add(1, i.unsqueeze(0), x), RuntimeError),
+    "scatter_reduce": (lambda x, i: x.scatter_reduce(0, i.unsqueeze(0), x, "amax"), RuntimeError),
+    "index_put": (lambda x, i: x.index_put((i,), x[0]), IndexError),
+    "index_put_accumulate": (lambda x, i: x.index_put((i,), x[0], accumulate=True), IndexError),
+    "put": (lambda x, i: x.put(i * 7, x[0, :2]), IndexError),
+    "index_reduce": (lambda x, i: x.index_reduce(0, i, x[:2], "amax"), IndexError),
+}
+
+
+@pytest.mark.parametrize("op", list(OUT_OF_RANGE))
+@pytest.mark.parametrize("bad", [5, -6])
+def test_out_of_range_index_raises_as_in_eager(op, bad):
+    fn, error = OUT_OF_RANGE[op]
+    x, i = data((4, 5)), indices([0, bad])
+    with pytest.raises(error):
+        fn(x, i)
+    compiled = compile_fn(fn)
+    with pytest.raises(error):
+        compiled(x, i)
+    assert ember.metrics.fallback_calls == 0
+    assert torch.equal(compiled(x, indices([0, 1])), fn(x, indices([0, 1])))  # still right after
+
+
+def test_negative_scatter_index_raises_and_masked_scatter_short_source():
+    x = data((4, 5))
+    with pytest.raises(RuntimeError):
+        compile_fn(lambda x, i: x.scatter(0, i, 1.0))(x, indices([[0, -1]]))
+    with pytest.raises(RuntimeError):
+        compile_fn(lambda x, m, s: x.masked_scatter(m, s))(x, x > -9, data((3,)))
+    assert ember.metrics.fallback_calls == 0
+
+
+def in_place_on_input(x, i, s):
+    x.scatter_add_(0, i, s)
+    x.index_put_((i[0],), s[0], accumulate=True)
+    return x.cumsum(0)
+
+
+def test_in_place_on_an_input():
+    """Functionalized: the stores go to a copy, which is written back into the input."""
+    x, i, s = data((4, 5)), indices([[0, 1, 2, 0, 3], [3, 3, 3, 3, 3]]), data((2, 5), seed=1)
+    got_x, want_x = x.clone(), x.clone()
+    torch.testing.assert_close(compile_fn(in_place_on_input)(got_x, i, s), in_place_on_input(want_x, i, s))
+    torch.testing.assert_close(got_x, want_x)
+    assert ember.metrics.fallback_calls == 0
+
+
+# ---- gradients ------------------------------------------------------------------------------------
+
+
+def check_gradients(fn: Callable, *inputs) -> None:
+    """The gradients of sum(fn(*inputs) * weights) w.r.t. the float inputs, ember against eager."""
+
+    def grads(run, cast):
+        leaves = [cast(x).requires_grad_() if x.is_floating_point() else x for x in inputs]
+        out = run(*leaves)
+        weights = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
+        (out * weights).sum().backward()
+        return [x.grad for x in leaves if x.is_floating_point()]
+
+    got = grads(compile_fn(fn), lambda x: x.detach().clone())
+    want = grads(fn, lambda x: x.detach().to(f64))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, rtol=1.3e-5, atol=1e-5)
+    assert ember.metrics.fallback_calls == 0, dict(ember.metrics.fallback_ops)
+
+
+def test_gradient_of_gather_is_scatter_add():
+    check_gradients(
+        lambda x, i: x.gather(1, i) * 2, data((4, 5)), indices([[0, 0, 4], [1, 1, 1], [2, 3, 2], [4, 4, 0]])
+    )
+
+
+def test_gradient_of_embedding():
+    ids = indices([[1, 2, 2, 9], [0, 1, 1, 1]])
+    check_gradients(lambda w, i: F.embedding(i, w), data((10, 3)), ids)
+    check_gradients(lambda w, i: F.embedding(i, w, padding_idx=1), data((10, 3)), ids)
+
+
+def test_training_step_with_embedding():
+    torch.manual_seed(0)
+    embedding, linear = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 3)
+
+    def step(ids):
+        loss = linear(embedding(ids)).cumsum(1).sum()
+        loss.backward()
+        return loss
+
+    ids = torch.randint(0, 50, (4, 7))
+    compile_fn(step)(ids)
+    got = embedding.weight.grad.clone()
+    embedding.weight.grad = None
+    step(ids)
+    torch.testing.assert_close(got, embedding.weight.grad)
+    assert ember.metrics.fallback_calls == 0, dict(ember.metrics.fallback_ops)
+
+
+def test_gradient_of_advanced_indexing_and_index_select():
+    check_gradients(lambda x, i: x[i] + x[:, i % 5].t(), data((5, 5)), indices([3, 0, 3, -1, 0]))
+    check_gradients(lambda x, i: x.index_select(0, i).sin(), data((5, 3)), indices([4, 4, 0]))
