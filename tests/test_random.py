@@ -268,6 +268,15 @@ def test_randint_range_and_uniformity():
     assert torch.equal(like, like.floor())
 
 
+def test_randint_of_the_widest_ranges():
+    half, full = compile_fn(
+        lambda: (torch.randint(-(2**62), 2**62, (1000,)), torch.randint(-(2**63), 2**63 - 1, (9,)))
+    )()
+    assert half.min() >= -(2**62) and half.max() < 2**62 and half.min() < -(2**61) and half.max() > 2**61
+    assert full.shape == (9,)  # a range past 2**63 draws 64 bits: aten does it
+    assert ember.metrics.fallback_ops == {"aten.randint.low": 1}
+
+
 def test_dropout_scales_kept_values_and_zeroes_the_rest():
     x = torch.randn(N) + 10  # never zero, so a zero output is a dropped element
     p = 0.3
