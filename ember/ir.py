@@ -67,7 +67,7 @@ class Buffer:
     name: str
     dtype: DType
     layout: Layout
-    kind: str  # "input" | "computed" | "extern" | "constant"
+    kind: str  # "input" | "computed" | "extern" | "constant" | "seed" (drawn by the wrapper per call)
 
     def uop(self) -> UOp:
         return UOp(Ops.BUFFER, self.dtype, (), BufferArg(self.name, self.layout.storage_size))

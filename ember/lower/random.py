@@ -180,12 +180,15 @@ def randn(ctx: LoweringContext, node: torch.fx.Node, *args, **kwargs) -> TensorV
 
 def _randint(ctx: LoweringContext, node: torch.fx.Node, low: int, high: int, kwargs: dict) -> TensorValue:
     _check_supported(ctx, kwargs)
-    if not (isinstance(low, int) and isinstance(high, int)) or high <= low:
-        raise Unsupported(f"randint bounds [{low}, {high})")  # aten raises eager's error
+    if not (isinstance(low, int) and isinstance(high, int)) or not 0 < high - low <= 2**63:
+        raise Unsupported(f"randint bounds [{low}, {high})")  # aten raises eager's error, or draws a wider range
     meta = out_meta(node)
     shape, dtype = tuple(meta.shape), from_torch(meta.dtype)
     seed, counter = random_stream(ctx, shape)
-    value = random_int63(seed, counter).alu(Ops.MOD, UOp.const(dtypes.int64, high - low)) + low
+    value = random_int63(seed, counter)
+    if high - low < 2**63:
+        value = value.alu(Ops.MOD, UOp.const(dtypes.int64, high - low))
+    value = value + low
     return TensorValue(shape, dtype, value.cast(dtype))
 
 

@@ -20,7 +20,7 @@ import torch
 
 from ember.ir import BufferRef, ExternCall, IndexedStore, LoweredGraph
 from ember.runtime.cache import content_hash, entry_path, write_atomic
-from ember.schedule import KernelStep, Step, graph_last_uses
+from ember.schedule import KernelStep, Step, graph_last_uses, reads_of
 from ember.wrapper import lines as L
 from ember.wrapper.plan import plan_memory
 
@@ -57,7 +57,8 @@ def generate_wrapper(graph: LoweredGraph, steps: list[Step], kernels: dict[int, 
     objects: list[Any] = []
     buffers = {b.name: b for b in graph.buffers.values() if b.kind in ("input", "constant", "seed")}
     body: list[L.Line] = [L.AssertInput(b) for b in graph.inputs]
-    body += [L.DrawSeed(b) for b in graph.buffers.values() if b.kind == "seed"]
+    read = {name for step in steps for name in reads_of(step)}  # (a dead random op needs no seed)
+    body += [L.DrawSeed(b) for b in graph.buffers.values() if b.kind == "seed" and b.name in read]
     freed = graph_last_uses(graph, steps)
     for i, step in enumerate(steps):
         if isinstance(step, KernelStep):
