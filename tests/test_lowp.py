@@ -338,8 +338,8 @@ def reduction_inputs(dtype: torch.dtype) -> dict[str, torch.Tensor]:
     with_inf[1, :, 2] = inf
     inputs = {
         "contiguous": base, "transposed": torch.randn(33, 12, 7).permute(2, 1, 0),
-        "sliced": torch.randn(7, 24, 33)[:, ::2], "broadcast": torch.randn(7, 1, 33).expand(7, 12, 33), "nan": with_nan, "inf": with_inf,
-        "empty": torch.randn(0, 12, 33),
+        "sliced": torch.randn(7, 24, 33)[:, ::2], "broadcast": torch.randn(7, 1, 33).expand(7, 12, 33),
+        "nan": with_nan, "inf": with_inf, "empty": torch.randn(0, 12, 33),
     }  # fmt: skip
     return {name: x.to(dtype) for name, x in inputs.items()}
 
