@@ -412,3 +412,33 @@ def test_mlp_training_step_matches_eager(dtype):
         torch.testing.assert_close(p.grad, q.grad, rtol=eps, atol=eps * scale, msg=lambda m, n=name: f"{n}: {m}")
         ember_error, eager_error = relative_error(p.grad, r.grad), relative_error(q.grad, r.grad)
         assert ember_error <= eager_error + eps / 2, f"{name}: {ember_error:.3g} from exact, eager {eager_error:.3g}"
+
+
+# ---- the rewrite, without a device ----------------------------------------------------------
+
+
+def test_low_precision_values_are_only_loaded_stored_selected_and_cast():
+    """After pm_low_precision no ALU op or REDUCE computes on float16/bfloat16, and a rounding
+    (CAST to bfloat16 and back) is kept, not folded away."""
+    from ember.codegen.low_precision import pm_low_precision
+    from ember.uop.dtypes import dtypes
+    from ember.uop.ops import BufferArg, Ops, UOp
+    from ember.uop.pattern import graph_rewrite
+
+    def load(name, dtype):
+        buffer = UOp(Ops.BUFFER, dtype, (), BufferArg(name, 8))
+        index = UOp(Ops.INDEX, dtype, (buffer, UOp.range(8, 0)))
+        return UOp(Ops.LOAD, dtype, (index,))
+
+    a, b = load("a", dtypes.bfloat16), load("b", dtypes.float16)
+    rounded = (a.cast(dtypes.float32) * 3.0).cast(dtypes.bfloat16)
+    total = UOp(Ops.REDUCE, dtypes.bfloat16, (a + UOp.const(dtypes.bfloat16, 0.3), UOp.range(4, 1, reduce=True)), Ops.MAX)
+    values = [rounded.cast(dtypes.float32) - 1.0, b.alu(Ops.MAX, b), a.lt(UOp.const(dtypes.bfloat16, 0.3)), total]
+    sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(values)), pm_low_precision)
+    computing = {Ops.CAST, Ops.WHERE, Ops.LOAD, Ops.INDEX, Ops.BUFFER, Ops.CONST, Ops.SINK}
+    low = (dtypes.float16, dtypes.bfloat16)
+    for u in sink.toposort:
+        if u.op not in computing:
+            assert u.dtype not in low and all(s.dtype not in low for s in u.src), u.op
+    assert rounded.cast(dtypes.float32) in sink.toposort, "a rounding to bfloat16 was folded away"
+    assert UOp.const(dtypes.float32, 0.30078125) in sink.toposort, "the constant is bfloat16(0.3), widened"
