@@ -432,7 +432,8 @@ def test_low_precision_values_are_only_loaded_stored_selected_and_cast():
 
     a, b = load("a", dtypes.bfloat16), load("b", dtypes.float16)
     rounded = (a.cast(dtypes.float32) * 3.0).cast(dtypes.bfloat16)
-    total = UOp(Ops.REDUCE, dtypes.bfloat16, (a + UOp.const(dtypes.bfloat16, 0.3), UOp.range(4, 1, reduce=True)), Ops.MAX)
+    shifted = a + UOp.const(dtypes.bfloat16, 0.3)
+    total = UOp(Ops.REDUCE, dtypes.bfloat16, (shifted, UOp.range(4, 1, reduce=True)), Ops.MAX)
     values = [rounded.cast(dtypes.float32) - 1.0, b.alu(Ops.MAX, b), a.lt(UOp.const(dtypes.bfloat16, 0.3)), total]
     sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(values)), pm_low_precision)
     computing = {Ops.CAST, Ops.WHERE, Ops.LOAD, Ops.INDEX, Ops.BUFFER, Ops.CONST, Ops.SINK}
