@@ -99,6 +99,9 @@ class IndexedStore:
     value: UOp
     combine: Ops | None = None  # None overwrites; ADD/MUL/MAX/MIN fold into the element
     origins: tuple[str, ...] = ()
+    # dims of `shape` whose position alone fixes the position along a dim of `buffer`:
+    # iterations that differ there never write the same element
+    owner_dims: tuple[int, ...] = ()
 
     @property
     def name(self) -> str:

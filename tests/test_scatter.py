@@ -140,6 +140,25 @@ def test_parallel_accumulation_is_race_free():
     check_lowered(ops, torch.zeros(7, 8, dtype=i64), index, src)
 
 
+@pytest.mark.parametrize("dtype", [i64, f32], ids=dtype_id)
+def test_owner_dim_accumulation_is_race_free(dtype):
+    """Scatters along dim 0 of a wide source: the feature dim is the owner (threads split it,
+    no atomics); sums must be exact for integers and one-thread-per-element for floats."""
+    rows = 4096
+    src = data((rows, 64), dtype, 3)
+    index = torch.arange(rows * 64, dtype=i64).reshape(rows, 64) % 7
+    ops = {
+        "scatter_add": lambda x, i, s: x.scatter_add(0, i, s),
+        "scatter_reduce_prod": lambda x, i, s: x.scatter_reduce(0, i[:64], s[:64] * 0 + 1.5 if s.is_floating_point()
+                                                                 else s[:64], "prod", include_self=False),
+        "scatter_reduce_mean": lambda x, i, s: x.scatter_reduce(0, i, s, "mean"),
+        "scatter_amin": lambda x, i, s: x.scatter_reduce(0, i, s, "amin"),
+        "index_put": lambda x, i, s: x.index_put((i[:, 0],), s, accumulate=True),
+        "index_add_dim1": lambda x, i, s: x.t().index_add(1, i[:, 0], s.t()).t(),
+    }  # fmt: skip
+    check_lowered(ops, torch.zeros(7, 64, dtype=dtype), index, src, rtol=1e-5, atol=1e-3)
+
+
 def test_scatter_kernels_and_readers_of_the_result():
     """A copy kernel, then the store kernel; readers of the result (even ones that also read
     self, which could fuse with the copy) see it after the stores."""

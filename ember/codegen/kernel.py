@@ -115,14 +115,26 @@ SCAN_AXIS_BASE = 1 << 36
 
 
 def indexed_store_sink(step: IndexedStore) -> UOp:
-    """One loop nest over `step.shape` storing each value at its computed position, with a
-    ScatterArg so the renderer makes the store atomic (Note: stores at computed positions)."""
-    loop_vars = [UOp.range(s, d) if s != 1 else UOp.const(dtypes.index, 0) for d, s in enumerate(step.shape)]
+    """One loop nest over `step.shape` storing each value at its computed position (Note: stores
+    at computed positions). With an owner dim, its loop is outermost (the parallel one), so
+    threads never share an element and the stores need no atomics; it is split into chunks of
+    OWNER_CHUNK, the chunk loop outermost and the lane loop innermost, so reads stay sequential."""
+    owners = [d for d in step.owner_dims if step.shape[d] >= 2 * OWNER_CHUNK and step.shape[d] % OWNER_CHUNK == 0]
+    owner = max(owners, key=lambda d: step.shape[d], default=None)
+    loop_vars = [UOp.range(s, d + 1) if s != 1 else UOp.const(dtypes.index, 0) for d, s in enumerate(step.shape)]
+    if owner is not None:
+        chunk = UOp.range(step.shape[owner] // OWNER_CHUNK, 0)
+        lane = UOp.range(OWNER_CHUNK, len(step.shape) + 1)
+        loop_vars[owner] = chunk * OWNER_CHUNK + lane
     mapping = {UOp(Ops.AXIS, dtypes.index, (), d): v for d, v in enumerate(loop_vars)}
     index, value = substitute(step.index, mapping), substitute(step.value, mapping)
     out = step.buffer.uop()
-    store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, index)), value), ScatterArg(step.combine))
+    arg = ScatterArg(step.combine, atomic=owner is None)
+    store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, index)), value), arg)
     return UOp(Ops.SINK, dtypes.void, (store,))
+
+
+OWNER_CHUNK = 16
 
 
 def _store(computed: ComputedBuffer, body: UOp, loop_vars: list[UOp]) -> UOp:

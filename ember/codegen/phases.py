@@ -15,7 +15,7 @@ import math
 
 from ember.codegen.low_precision import pm_low_precision
 from ember.uop.dtypes import DType, dtypes
-from ember.uop.ops import AccArg, CheckArg, Ops, RangeArg, UOp, normalize_const, substitute
+from ember.uop.ops import AccArg, CheckArg, Ops, RangeArg, ScatterArg, UOp, normalize_const, substitute
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from ember.uop.symbolic import linear_terms, pm_symbolic
 
@@ -81,8 +81,8 @@ def order_loops(sink: UOp) -> UOp:
     """Renumber loop ranges so the one with the largest store stride is outermost, as a
     row-major walk of each output keeps both the writes and most reads sequential."""
     loops = [u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce]
-    if len(loops) < 2 or any(u.op in (Ops.REDUCE, Ops.SCAN) for u in sink.toposort):
-        return sink  # reductions stay hoisted only while their loops stay outermost
+    if len(loops) < 2 or any(u.op in (Ops.REDUCE, Ops.SCAN) or isinstance(u.arg, ScatterArg) for u in sink.toposort):
+        return sink  # reductions stay hoisted only while their loops stay outermost; scatters chose theirs
     stride = {r: 0 for r in loops}
     for store in (s for s in sink.src if s.op is Ops.STORE):
         for r, coefficient in _coefficients(store.src[0].src[1]).items():

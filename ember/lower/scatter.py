@@ -10,12 +10,18 @@ Note: stores at computed positions
     the copy in place: the scheduler runs it after the copy and before every reader of the
     result, and never fuses it with anything (schedule/nodes.py `runs_alone`; a reader fused
     into the copy would see the buffer before the stores, and the cycle check refuses that).
-    The C++ renderer makes every such store atomic: integer sums with fetch_add, the other
-    combines with a compare-and-swap loop, plain stores with a relaxed atomic store. So the
-    loop nest runs on all threads (OpenMP) without races, and never as SIMD lanes (two
-    lanes could hit one element). Accumulating float sums then add in a run-dependent order,
-    as on a GPU; plain stores with duplicate positions leave one of the values (eager's
-    result is unspecified then too). A position read from data is clamped into its dim, so
+    Race freedom, two ways. Most scatters have an *owner dim*: a source dim that is the
+    position along a dim of out as it is (scatter: every dim but `dim`; index_put: the dims
+    not indexed, like embedding's feature dim). Iterations that differ there never write one
+    element, so codegen makes that loop the outermost, parallel one (in chunks of 16, the
+    lane loop innermost) and the stores plain read-combine-writes: each element is
+    accumulated by one thread, in source order, as in eager. Without an owner dim (put,
+    a 1-d scatter, as_strided_scatter) the C++ renderer makes the store atomic: integer sums
+    with fetch_add, the other combines with a compare-and-swap loop, plain stores with a
+    relaxed atomic store; float sums then add in a run-dependent order, as on a GPU. Either
+    way the loop nest never runs as SIMD lanes (two lanes could hit one element), and plain
+    stores with duplicate positions leave one of the values (eager's result is unspecified
+    then too). A position read from data is clamped into its dim, so
     nothing is ever written out of bounds, and a CHECK raises eager's exception type after
     the kernel (Note: kernel errors, renderer/cpp.py).
 """
@@ -72,13 +78,15 @@ def linear_index(layout: Layout, positions: list[UOp]) -> UOp:
 
 
 def store_at(ctx: LoweringContext, node: torch.fx.Node, target: Buffer, shape: tuple[int, ...], index: UOp,
-             value: UOp, combine: Ops | None) -> None:  # fmt: skip
-    """For every position p of `shape`: target[index(p)] (combine)= value(p)."""
+             value: UOp, combine: Ops | None, owner_dims: tuple[int, ...] = ()) -> None:  # fmt: skip
+    """For every position p of `shape`: target[index(p)] (combine)= value(p). `owner_dims`: dims
+    of `shape` that are the position along a dim of target (ir.py IndexedStore)."""
     if math.prod(shape) == 0:
         return
     if target.layout.numel == 0:
         raise Unsupported("a store into an empty tensor: every index is out of range, as aten will report")
-    ctx.graph.steps.append(IndexedStore(target, tuple(shape), index, value.cast(target.dtype), combine, (node.name,)))
+    store = IndexedStore(target, tuple(shape), index, value.cast(target.dtype), combine, (node.name,), owner_dims)
+    ctx.graph.steps.append(store)
 
 
 def identity(combine: Ops, dtype: DType) -> int | float | bool:
@@ -90,8 +98,8 @@ def identity(combine: Ops, dtype: DType) -> int | float | bool:
     return 1 if combine is Ops.MUL else 0
 
 
-def reduce_into(ctx, node, x: TensorValue, shape, index: UOp, value: UOp, reduce: str, include_self: bool
-                ) -> TensorValue:  # fmt: skip
+def reduce_into(ctx, node, x: TensorValue, shape, index: UOp, value: UOp, reduce: str, include_self: bool,
+                owners: tuple[int, ...] = ()) -> TensorValue:  # fmt: skip
     """scatter_reduce / index_reduce: a copy of x, every written element reset to the
     combine's identity unless `include_self`, then the combining stores; "mean" also counts
     the stores per element and divides (floor division for integers, as aten)."""
@@ -99,13 +107,13 @@ def reduce_into(ctx, node, x: TensorValue, shape, index: UOp, value: UOp, reduce
     combine = COMBINES[reduce]
     out = fresh_copy(ctx, node, x, dtype)
     if not include_self:
-        store_at(ctx, node, out, shape, index, UOp.const(dtype, identity(combine, dtype)), None)
-    store_at(ctx, node, out, shape, index, value, combine)
+        store_at(ctx, node, out, shape, index, UOp.const(dtype, identity(combine, dtype)), None, owners)
+    store_at(ctx, node, out, shape, index, value, combine, owners)
     total = load(out)
     if reduce != "mean":
         return total
     counts = fresh_copy(ctx, node, TensorValue(x.shape, dtype, UOp.const(dtype, int(include_self))), dtype)
-    store_at(ctx, node, counts, shape, index, UOp.const(dtype, 1), Ops.ADD)
+    store_at(ctx, node, counts, shape, index, UOp.const(dtype, 1), Ops.ADD, owners)
     count = load(counts).body
     count = count.alu(Ops.CMPEQ, count.const_like(0)).where(count.const_like(1), count)
     mean = total.body.alu(Ops.FDIV, count) if dtype.is_float else floordiv(total.body, count)
@@ -115,19 +123,20 @@ def reduce_into(ctx, node, x: TensorValue, shape, index: UOp, value: UOp, reduce
 # ---- scatter: positions from an index tensor of the source's shape --------------------------
 
 
-def scatter_positions(x: TensorValue, dim: int, index: TensorValue, op: str) -> tuple[tuple[int, ...], UOp]:
-    """(iteration shape, linear index into a contiguous copy of x) for scatter along `dim`."""
+def scatter_positions(x: TensorValue, dim: int, index: TensorValue, op: str) -> tuple[tuple[int, ...], UOp, tuple]:
+    """(iteration shape, linear index into a contiguous copy of x, owner dims) for scatter along
+    `dim`: every dim but `dim` is a position in x as it is."""
     if index.dtype not in (dtypes.int64, dtypes.int32):
         raise Unsupported(f"{op} with {index.dtype} indices")
     layout = Layout.contiguous(x.shape)
     if x.ndim == 0:
         message = f"{op}: index out of bounds for dimension 0 with size 1"
-        return index.shape, checked_position(index.body, 1, False, "RuntimeError", message)  # always 0
+        return index.shape, checked_position(index.body, 1, False, "RuntimeError", message), ()  # always 0
     dim = normalized_dim(dim, x.ndim)
     positions = identity_axes(x.ndim)
     message = f"{op}: index out of bounds for dimension {dim} with size {x.shape[dim]}"
     positions[dim] = checked_position(index.body, x.shape[dim], False, "RuntimeError", message)
-    return index.shape, linear_index(layout, positions)
+    return index.shape, linear_index(layout, positions), tuple(d for d in range(x.ndim) if d != dim)
 
 
 def source_value(src: TensorValue | float | int | bool, shape: tuple[int, ...], dtype: DType) -> UOp:
@@ -146,18 +155,18 @@ def lower_scatter(ctx, node, x: TensorValue, dim: int, index: TensorValue, src, 
     combine = {None: None, "add": Ops.ADD, "multiply": Ops.MUL}.get(reduce, Ops.SINK)
     if combine is Ops.SINK:
         raise Unsupported(f"scatter with reduce={reduce!r}; aten reports it")
-    shape, linear = scatter_positions(x, dim, index, "scatter")
+    shape, linear, owners = scatter_positions(x, dim, index, "scatter")
     out = fresh_copy(ctx, node, x, dtype)
-    store_at(ctx, node, out, shape, linear, source_value(src, shape, dtype), combine)
+    store_at(ctx, node, out, shape, linear, source_value(src, shape, dtype), combine, owners)
     return load(out)
 
 
 @register(aten.scatter_add.default)
 def lower_scatter_add(ctx, node, x: TensorValue, dim: int, index: TensorValue, src: TensorValue) -> TensorValue:
     _, dtype = result(node)
-    shape, linear = scatter_positions(x, dim, index, "scatter_add")
+    shape, linear, owners = scatter_positions(x, dim, index, "scatter_add")
     out = fresh_copy(ctx, node, x, dtype)
-    store_at(ctx, node, out, shape, linear, source_value(src, shape, dtype), Ops.ADD)
+    store_at(ctx, node, out, shape, linear, source_value(src, shape, dtype), Ops.ADD, owners)
     return load(out)
 
 
@@ -165,8 +174,9 @@ def lower_scatter_add(ctx, node, x: TensorValue, dim: int, index: TensorValue, s
 def lower_scatter_reduce(ctx, node, x: TensorValue, dim: int, index: TensorValue, src: TensorValue, reduce: str,
                          include_self: bool = True) -> TensorValue:  # fmt: skip
     _, dtype = result(node)
-    shape, linear = scatter_positions(x, dim, index, "scatter_reduce")
-    return reduce_into(ctx, node, x, shape, linear, source_value(src, shape, dtype), reduce, include_self)
+    shape, linear, owners = scatter_positions(x, dim, index, "scatter_reduce")
+    value = source_value(src, shape, dtype)
+    return reduce_into(ctx, node, x, shape, linear, value, reduce, include_self, owners)
 
 
 @register(aten.index_reduce.default)
@@ -184,14 +194,16 @@ def lower_index_reduce(ctx, node, x: TensorValue, dim: int, index: TensorValue, 
     chosen = index.reindex(src.shape, [axis(dim)]).body
     positions[dim] = checked_position(chosen, x.shape[dim], False, "IndexError", "index out of range in self")
     linear = linear_index(Layout.contiguous(x.shape), positions)
-    return reduce_into(ctx, node, x, src.shape, linear, src.body.cast(dtype), reduce, include_self)
+    owners = tuple(d for d in range(x.ndim) if d != dim)
+    return reduce_into(ctx, node, x, src.shape, linear, src.body.cast(dtype), reduce, include_self, owners)
 
 
 # ---- index_put: advanced indexing on the left of an assignment ------------------------------
 
 
-def indexing_positions(x: TensorValue, indices: list) -> tuple[tuple[int, ...], list[UOp]]:
-    """(shape of x[indices], the position in x of each of its elements), by numpy's rule: the
+def indexing_positions(x: TensorValue, indices: list) -> tuple[tuple[int, ...], list[UOp], tuple[int, ...]]:
+    """(shape of x[indices], the position in x of each of its elements, the dims of the shape
+    that are positions in x as they are: the not-indexed ones), by numpy's rule: the
     index tensors broadcast together; their dims replace the indexed dims in place when those
     are adjacent, else they come first (as aten.index, lower/indexing.py)."""
     indices = list(indices) + [None] * (x.ndim - len(indices))
@@ -211,7 +223,7 @@ def indexing_positions(x: TensorValue, indices: list) -> tuple[tuple[int, ...], 
         chosen = broadcast_to(indices[d], broadcast).reindex(shape, index_axes).body
         message = f"index_put: index out of bounds for dimension {d} with size {x.shape[d]}"
         positions[d] = checked_position(chosen, x.shape[d], True, "IndexError", message)
-    return shape, positions
+    return shape, positions, tuple(rest_axes)
 
 
 @register(aten.index_put.default)
@@ -223,13 +235,14 @@ def lower_index_put(ctx, node, x: TensorValue, indices, values: TensorValue, acc
         return masked_put(node, x, list(indices), values, accumulate, dtype)
     if any(i.dtype not in (dtypes.int64, dtypes.int32) for i in tensors) or not tensors:
         raise Unsupported("index_put with these indices")
-    shape, positions = indexing_positions(x, indices)
+    shape, positions, owners = indexing_positions(x, indices)
     try:
         value = broadcast_to(values, shape).body
     except ValueError as e:
         raise Unsupported(f"index_put: {e}; aten reports the shape mismatch") from e
     out = fresh_copy(ctx, node, x, dtype)
-    store_at(ctx, node, out, shape, linear_index(out.layout, positions), value, Ops.ADD if accumulate else None)
+    combine = Ops.ADD if accumulate else None
+    store_at(ctx, node, out, shape, linear_index(out.layout, positions), value, combine, owners)
     return load(out)
 
 

@@ -336,7 +336,7 @@ def _render_body(program: list[UOp], parallel_threshold: int, errors: list[Check
         elif u.op is Ops.LOAD:
             names[u] = ref(u.src[0])
         elif u.op is Ops.STORE and isinstance(u.arg, ScatterArg):
-            lines.append(f"{pad}{_scatter_store(u.arg.combine, u.src[1].dtype, ref(u.src[0]), ref(u.src[1]))};")
+            lines.append(f"{pad}{_scatter_store(u.arg, u.src[1].dtype, ref(u.src[0]), ref(u.src[1]))};")
         elif u.op is Ops.STORE:
             lines.append(f"{pad}{ref(u.src[0])} = {ref(u.src[1])};")
         elif u.op is Ops.DEFINE_ACC:
@@ -377,21 +377,28 @@ _COMBINE: dict[Ops, Callable[[str, str, str], str]] = {
 }
 
 
-def _scatter_store(combine: Ops | None, dtype: DType, target: str, value: str) -> str:
+def _scatter_store(arg: ScatterArg, dtype: DType, target: str, value: str) -> str:
     """An atomic store, or an atomic read-combine-write, of `value` into `target`. Integer
-    sums use fetch_add (which wraps, as eager does); the rest a compare-and-swap loop."""
+    sums use fetch_add (which wraps, as eager does); the rest a compare-and-swap loop. A store
+    that no other thread can reach (not `atomic`) is a plain one."""
+    combine = arg.combine
+    if not arg.atomic:
+        return f"{target} = {_combine_expression(combine, dtype, target, value) if combine else value}"
     if combine is None:
         return f"ember_store<{dtype.ctype}>(&{target}, {value})"
     if combine is Ops.ADD and dtype.kind in ("int", "uint"):
         return f"__atomic_fetch_add(&{target}, {value}, __ATOMIC_RELAXED)"
-    if dtype.is_bool and combine in (Ops.ADD, Ops.MAX, Ops.MUL, Ops.MIN):
-        expression = "a || b" if combine in (Ops.ADD, Ops.MAX) else "a && b"
-    elif combine is Ops.MUL and (unsigned := _wraps(dtype)) is not None:
-        expression = f"({dtype.ctype})(({unsigned})a * ({unsigned})b)"
-    else:
-        expression = _combine(combine, dtype, "a", "b")
-    t = dtype.ctype
+    t, expression = dtype.ctype, _combine_expression(combine, dtype, "a", "b")
     return f"ember_update<{t}>(&{target}, {value}, []({t} a, {t} b) -> {t} {{ return {expression}; }})"
+
+
+def _combine_expression(combine: Ops, dtype: DType, a: str, b: str) -> str:
+    """combine(a, b) with eager's semantics: bools as logic, integer sums and products wrap."""
+    if dtype.is_bool and combine in (Ops.ADD, Ops.MAX, Ops.MUL, Ops.MIN):
+        return f"({a} || {b})" if combine in (Ops.ADD, Ops.MAX) else f"({a} && {b})"
+    if combine in (Ops.ADD, Ops.MUL) and (unsigned := _wraps(dtype)) is not None:
+        return f"({dtype.ctype})(({unsigned}){a} {INFIX[combine]} ({unsigned}){b})"
+    return _combine(combine, dtype, a, b)
 
 
 def _combine(op: Ops, dtype: DType, acc: str, value: str) -> str:

@@ -6,6 +6,7 @@ and to `torch.dtype`, and only the C++ renderer reads `ctype`.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -116,9 +117,17 @@ def is_low_precision(dtype: DType) -> bool:
 def round_to(dtype: DType, value: float) -> float:
     """`value` rounded to a low-precision float as eager rounds a Python scalar: through
     float32 to nearest-even, NaN stays NaN, overflow is inf."""
-    return float(torch.tensor(value, dtype=torch.float64).to(to_torch(dtype)).item())
+    return _as_low_precision(dtype.name, repr(float(value)))[0]
 
 
 def bits_of(dtype: DType, value: float) -> int:
     """The 16-bit pattern of `value` in a low-precision float (NaN: the quiet positive NaN)."""
-    return int(torch.tensor(value, dtype=torch.float64).to(to_torch(dtype)).view(torch.int16).item()) & 0xFFFF
+    return _as_low_precision(dtype.name, repr(float(value)))[1]
+
+
+@functools.lru_cache(maxsize=4096)
+def _as_low_precision(name: str, text: str) -> tuple[float, int]:
+    """(value, bits) of float(text) in torch dtype `name`; keyed by repr, which keeps -0.0
+    apart from 0.0 and round-trips every float."""
+    low = torch.tensor(float(text), dtype=torch.float64).to(getattr(torch, name))
+    return float(low.item()), int(low.view(torch.int16).item()) & 0xFFFF

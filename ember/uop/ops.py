@@ -141,10 +141,12 @@ class AccArg:
 @dataclass(frozen=True)
 class ScatterArg:
     """A STORE at a position computed from data (Note: stores at computed positions, lower/scatter.py):
-    other iterations may write the same element, so the store is atomic; `combine` (ADD, MUL,
-    MAX, MIN) folds the value into the element, None overwrites it."""
+    `combine` (ADD, MUL, MAX, MIN) folds the value into the element, None overwrites it. With
+    `atomic`, other iterations may write the same element; without, only iterations of the
+    same outermost loop do (so one thread), and the store is a plain read-combine-write."""
 
     combine: Ops | None = None
+    atomic: bool = True
 
 
 @dataclass(frozen=True)
