@@ -16,7 +16,7 @@ import torch.fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Promotion
 
 from ember.lower.context import LoweringContext
-from ember.lower.pointwise import _register_elementwise, binary, elementwise, integer_identity, out_meta, unary
+from ember.lower.pointwise import _register_elementwise, binary, elementwise, out_meta, unary
 from ember.lower.registry import Unsupported, register
 from ember.lower.values import TensorValue, broadcast_to
 from ember.uop.dtypes import dtypes, from_torch
