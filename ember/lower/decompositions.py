@@ -32,11 +32,23 @@ EXTRA = [
     aten.log_sigmoid_forward, aten.mse_loss, aten.mse_loss_backward, aten.rms_norm,
 ]  # fmt: skip
 
+# More composites: activations, ldexp, pooling that decomposes into windowed reductions or
+# gathers, and the *_copy variants of views (a view, then a clone).
+EXTRA_POINTWISE = [aten.elu, aten.leaky_relu, aten.ldexp, aten.dist]
+EXTRA_POOLING = [
+    aten.max_pool2d_with_indices, aten.max_pool2d_with_indices_backward, aten.max_pool3d_with_indices,
+    aten._adaptive_avg_pool2d, aten.im2col, aten.col2im,
+]  # fmt: skip
+EXTRA_VIEW_COPIES = [
+    aten.permute_copy, aten.as_strided_copy, aten.view_copy, aten.narrow_copy, aten.unbind_copy,
+    aten.new_empty_strided, aten.diagonal_scatter,
+]  # fmt: skip
+
 
 @functools.lru_cache(maxsize=1)
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
-    table.update(get_decompositions(EXTRA))
+    table.update(get_decompositions(EXTRA + EXTRA_POINTWISE + EXTRA_POOLING + EXTRA_VIEW_COPIES))
     for packet in LOWERED_DIRECTLY + KEPT_AS_EXTERN:
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)

@@ -12,6 +12,7 @@ from ember.lower.values import (
     TensorValue,
     axis,
     broadcast_to,
+    const_index,
     constant,
     load,
     permute,
@@ -132,3 +133,39 @@ def lower_arange(ctx: LoweringContext, node: torch.fx.Node, *args, **kwargs) -> 
     i = axis(0).cast(compute)
     body = (i * UOp.const(compute, step) + UOp.const(compute, start)).cast(dtype)
     return TensorValue(tuple(meta.shape), dtype, body if meta.numel() else UOp.const(dtype, 0))
+
+
+@register(aten.diagonal.default)
+def lower_diagonal(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, offset=0, dim1=0, dim2=1):
+    """The diagonal of dims (dim1, dim2) becomes the last dim: x[..., i, i + offset, ...]."""
+    d1, d2 = _dim(dim1, x.ndim), _dim(dim2, x.ndim)
+    if d1 == d2:
+        raise Unsupported("diagonal of a dim with itself")
+    out_shape = tuple(out_meta(node).shape)
+    kept = [d for d in range(x.ndim) if d not in (d1, d2)]
+    old_axes = [const_index(0)] * x.ndim
+    for new, old in enumerate(kept):
+        old_axes[old] = axis(new)
+    i = axis(len(kept))
+    old_axes[d1] = i + max(-offset, 0)
+    old_axes[d2] = i + max(offset, 0)
+    return x.reindex(out_shape, old_axes)
+
+
+@register(aten.unfold.default)
+def lower_unfold(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dimension: int, size: int, step: int):
+    """Windows of `size` every `step` along `dimension`; the position in a window is a new last dim."""
+    out_shape = tuple(out_meta(node).shape)
+    if x.ndim == 0:
+        return x.reindex(out_shape, [])
+    d = _dim(dimension, x.ndim)
+    old_axes = [axis(i) for i in range(x.ndim)]
+    old_axes[d] = axis(d) * step + axis(x.ndim)
+    return x.reindex(out_shape, old_axes)
+
+
+@register(aten.empty_permuted.default)
+def lower_empty_permuted(ctx: LoweringContext, node: torch.fx.Node, size, physical_layout, **kwargs) -> TensorValue:
+    # empty's contents are unspecified: zeros is a valid, deterministic choice
+    meta = out_meta(node)
+    return constant(0, from_torch(meta.dtype), tuple(meta.shape))

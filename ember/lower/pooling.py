@@ -1,0 +1,159 @@
+"""Lowerings of pooling as windowed reductions: avg_pool2d/3d (and their backward),
+adaptive average pooling in 3-d, adaptive max pooling with indices in 2-d and 3-d.
+
+Note: pooling windows
+    A pooling output element reduces over a window of its input: one reduce range per
+    pooled dim, of the window's largest size. Input position = window start + range. Where
+    a window is smaller (padding, adaptive windows of uneven size) the position is masked
+    (the identity of the reduction) and the read is clamped into the input, since a kernel
+    reads every operand of a `where`. max_pool2d/3d and adaptive pooling that divides
+    evenly come from torch's decompositions (decompositions.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.fx
+
+from ember.lower.context import LoweringContext
+from ember.lower.pointwise import out_meta
+from ember.lower.registry import Unsupported, register
+from ember.lower.values import TensorValue, axis, const_index
+from ember.uop.dtypes import dtypes, from_torch
+from ember.uop.ops import Ops, UOp
+
+aten = torch.ops.aten
+
+
+def _all(conditions: list[UOp]) -> UOp:
+    result = UOp.const(dtypes.bool, True)
+    for c in conditions:
+        result = result.alu(Ops.AND, c)
+    return result
+
+
+def _clamp(i: UOp, size: int) -> UOp:
+    return i.alu(Ops.MAX, const_index(0)).alu(Ops.MIN, const_index(size - 1))
+
+
+def windowed(ctx: LoweringContext, x: TensorValue, out_shape: tuple[int, ...], spans: list[int],
+             start: Callable[[int, UOp], UOp], end: Callable[[int, UOp], UOp]):  # fmt: skip
+    """For the last len(spans) dims of `x`: (element, valid, positions, ranges) of a window
+    whose input position along pooled dim d is start(d, out axis) + range d, valid below
+    end(d, out axis) and inside the input (Note: pooling windows)."""
+    lead = x.ndim - len(spans)
+    ranges = [ctx.reduce_range(span) if span > 1 else const_index(0) for span in spans]
+    positions, valid, old_axes = [], [], [axis(i) for i in range(lead)]
+    for d, r in enumerate(ranges):
+        size = x.shape[lead + d]
+        position = start(d, axis(lead + d)) + r
+        positions.append(position)
+        valid += [position.lt(end(d, axis(lead + d))), const_index(-1).lt(position), position.lt(const_index(size))]
+        old_axes.append(_clamp(position, size))
+    element = x.reindex(out_shape, old_axes).body
+    return element, _all(valid), positions, [r for r in ranges if r.op is Ops.RANGE]
+
+
+def reduce_window(body: UOp, ranges: list[UOp], combine: Ops) -> UOp:
+    return UOp(Ops.REDUCE, body.dtype, (body, *ranges), combine) if ranges else body
+
+
+def _tuple(value, n: int) -> list[int]:
+    value = [value] if isinstance(value, int) else list(value)
+    return value * n if len(value) == 1 else value
+
+
+@register(aten.avg_pool2d.default, aten.avg_pool3d.default)
+def lower_avg_pool(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, kernel_size, stride=(), padding=0,
+                   ceil_mode=False, count_include_pad=True, divisor_override=None) -> TensorValue:  # fmt: skip
+    n = 2 if node.target is aten.avg_pool2d.default else 3
+    kernel, pad = _tuple(kernel_size, n), _tuple(padding, n)
+    step = _tuple(stride, n) if stride else kernel
+    meta = out_meta(node)
+    out_shape, out = tuple(meta.shape), from_torch(meta.dtype)
+    if not out.is_float or x.numel == 0 or math.prod(out_shape) == 0:
+        raise Unsupported("avg_pool of an empty or integer tensor")
+    sizes = x.shape[-n:]
+    start = lambda d, o: o * step[d] - pad[d]  # noqa: E731
+    end = lambda d, o: (start(d, o) + kernel[d]).alu(Ops.MIN, const_index(sizes[d] + pad[d]))  # noqa: E731
+    element, valid, _, ranges = windowed(ctx, x, out_shape, kernel, start, end)
+    acc = dtypes.float64
+    total = reduce_window(valid.where(element.cast(acc), UOp.const(acc, 0.0)), ranges, Ops.ADD)
+    lead = x.ndim - n
+    if divisor_override:
+        divisor = UOp.const(acc, divisor_override)
+    else:
+        divisor = UOp.const(dtypes.index, 1)
+        for d in range(n):
+            o = axis(lead + d)
+            low, high = start(d, o), end(d, o)
+            if not count_include_pad:
+                low, high = low.alu(Ops.MAX, const_index(0)), high.alu(Ops.MIN, const_index(sizes[d]))
+            divisor = divisor * (high - low)
+        divisor = divisor.cast(acc)
+    return TensorValue(out_shape, out, total.alu(Ops.FDIV, divisor).cast(out))
+
+
+def adaptive_start(o: UOp, size: int, out_size: int) -> UOp:
+    return (o * size) // out_size  # floor(o * size / out_size)
+
+
+def adaptive_end(o: UOp, size: int, out_size: int) -> UOp:
+    return ((o + 1) * size + (out_size - 1)) // out_size  # ceil((o + 1) * size / out_size)
+
+
+def adaptive_window(ctx: LoweringContext, x: TensorValue, out_shape: tuple[int, ...], n: int):
+    sizes, outs = x.shape[-n:], out_shape[-n:]
+    spans = [min(s, -(-s // o) + 1) if o else 1 for s, o in zip(sizes, outs)]
+    start = lambda d, o: adaptive_start(o, sizes[d], outs[d])  # noqa: E731
+    end = lambda d, o: adaptive_end(o, sizes[d], outs[d])  # noqa: E731
+    return windowed(ctx, x, out_shape, spans, start, end), start, end
+
+
+@register(aten._adaptive_avg_pool3d.default)
+def lower_adaptive_avg_pool(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, output_size) -> TensorValue:
+    n = 3
+    meta = out_meta(node)
+    out_shape, out = tuple(meta.shape), from_torch(meta.dtype)
+    if not out.is_float or x.numel == 0 or math.prod(out_shape) == 0:
+        raise Unsupported("adaptive_avg_pool of an empty or integer tensor")
+    (element, valid, _, ranges), start, end = adaptive_window(ctx, x, out_shape, n)
+    acc = dtypes.float64
+    total = reduce_window(valid.where(element.cast(acc), UOp.const(acc, 0.0)), ranges, Ops.ADD)
+    lead, count = x.ndim - n, UOp.const(dtypes.index, 1)
+    for d in range(n):
+        count = count * (end(d, axis(lead + d)) - start(d, axis(lead + d)))
+    return TensorValue(out_shape, out, total.alu(Ops.FDIV, count.cast(acc)).cast(out))
+
+
+@register(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def lower_adaptive_max_pool(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, output_size):
+    """Values and flat indices into the pooled plane, as ATen: the first maximum, or the
+    last NaN when the window has one (ATen's loop takes `val > max || isnan(val)`)."""
+    n = 2 if node.target is aten.adaptive_max_pool2d.default else 3
+    meta = node.meta["val"][0]
+    out_shape = tuple(meta.shape)
+    if not x.dtype.is_float or x.numel == 0 or math.prod(out_shape) == 0:
+        raise Unsupported("adaptive_max_pool of an empty or integer tensor")
+    sizes = x.shape[-n:]
+
+    def window() -> tuple[UOp, UOp, UOp, list[UOp]]:
+        (element, valid, positions, ranges), _, _ = adaptive_window(ctx, x, out_shape, n)
+        flat = const_index(0)
+        for d, p in enumerate(positions):
+            flat = flat * sizes[d] + p
+        return element, valid, flat.cast(dtypes.int64), ranges
+
+    element, valid, _, ranges = window()
+    maximum = reduce_window(valid.where(element, element.const_like(-math.inf)), ranges, Ops.MAX)
+    element, valid, flat, ranges = window()
+    none = UOp.const(dtypes.int64, -1)
+    last_nan = reduce_window((valid.alu(Ops.AND, element.alu(Ops.ISNAN))).where(flat, none), ranges, Ops.MAX)
+    element, valid, flat, ranges = window()
+    big = UOp.const(dtypes.int64, 2**62)
+    first_max = reduce_window((valid.alu(Ops.AND, element.alu(Ops.CMPEQ, maximum))).where(flat, big), ranges, Ops.MIN)
+    indices = none.alu(Ops.CMPLT, last_nan).where(last_nan, first_max)
+    return TensorValue(out_shape, x.dtype, maximum), TensorValue(out_shape, dtypes.int64, indices)
