@@ -100,13 +100,20 @@ class _Linearizer:
     def emit(self, u: UOp) -> None:
         """Place `u` in its loop stack; sources that died with a closed loop are recomputed."""
         self.move_to(self.stacks[u])
-        for s in u.src:
-            if _trivial(s) or s in self.live or s.op is Ops.ACC_UPDATE:  # an update is done, not a value
-                continue
-            if s.op in STATEFUL:
-                raise RuntimeError(f"linearize: {s.op.name} would be emitted twice")
-            self.emit(s)
-            self.move_to(self.stacks[u])
+        # Recomputing one source may close loops that kill another, already checked: check
+        # again until every source is live (each round leaves more outer values live).
+        for _ in range(2 * len(u.src) + 2):
+            dead = [s for s in u.src if not (_trivial(s) or s in self.live or s.op is Ops.ACC_UPDATE)]
+            if not dead:  # (an ACC_UPDATE is done, not a value)
+                break
+            for s in dead:
+                if s.op in STATEFUL:
+                    raise RuntimeError(f"linearize: {s.op.name} would be emitted twice")
+                if s not in self.live:
+                    self.emit(s)
+                    self.move_to(self.stacks[u])
+        else:
+            raise RuntimeError(f"linearize: the sources of a {u.op.name} do not stay live together")
         self.program.append(u)
         self.live.add(u)
         self.blocks[-1].add(u)

@@ -36,12 +36,11 @@ EXTRA = [
 # gathers, and the *_copy variants of views (a view, then a clone).
 EXTRA_POINTWISE = [aten.elu, aten.leaky_relu, aten.ldexp, aten.dist]
 EXTRA_POOLING = [
-    aten.max_pool2d_with_indices, aten.max_pool2d_with_indices_backward, aten.max_pool3d_with_indices,
-    aten._adaptive_avg_pool2d, aten.im2col, aten.col2im,
+    aten.max_pool2d_with_indices_backward, aten._adaptive_avg_pool2d, aten.im2col, aten.col2im,
 ]  # fmt: skip
 EXTRA_VIEW_COPIES = [
     aten.permute_copy, aten.as_strided_copy, aten.view_copy, aten.narrow_copy, aten.unbind_copy,
-    aten.new_empty_strided, aten.diagonal_scatter,
+    aten.new_empty_strided,
 ]  # fmt: skip
 
 

@@ -115,13 +115,11 @@ def lower_frexp(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue) -> tu
 def lower_round_decimals(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, decimals: int = 0):
     """As ATen: x * 10^d rounded half to even, then / 10^d (for d < 0: / then *), in the
     element type."""
-    if not isinstance(decimals, int) or isinstance(decimals, bool):
-        raise Unsupported("round with non-integer decimals")
+    if not isinstance(decimals, int) or isinstance(decimals, bool) or not x.dtype.is_float:
+        raise Unsupported("round with decimals of integers (eager raises) or non-integer decimals")
     scale = float(10 ** abs(decimals))
 
     def fn(v: UOp) -> UOp:
-        if not v.dtype.is_float:
-            return v
         ten_pow = v.const_like(scale)
         if decimals < 0:
             return v.alu(Ops.FDIV, ten_pow).alu(Ops.ROUND) * ten_pow

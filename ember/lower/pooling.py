@@ -1,13 +1,14 @@
-"""Lowerings of pooling as windowed reductions: avg_pool2d/3d (and their backward),
-adaptive average pooling in 3-d, adaptive max pooling with indices in 2-d and 3-d.
+"""Lowerings of pooling as windowed reductions: avg_pool2d/3d, max_pool2d/3d with indices,
+adaptive average pooling in 3-d (2-d comes from torch's decomposition), adaptive max
+pooling with indices in 2-d and 3-d.
 
 Note: pooling windows
     A pooling output element reduces over a window of its input: one reduce range per
-    pooled dim, of the window's largest size. Input position = window start + range. Where
+    pooled dim, of the window's largest size. Input position = window start + range (times
+    the dilation). Where
     a window is smaller (padding, adaptive windows of uneven size) the position is masked
     (the identity of the reduction) and the read is clamped into the input, since a kernel
-    reads every operand of a `where`. max_pool2d/3d and adaptive pooling that divides
-    evenly come from torch's decompositions (decompositions.py).
+    reads every operand of a `where`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch.fx
 from ember.lower.context import LoweringContext
 from ember.lower.pointwise import out_meta
 from ember.lower.registry import Unsupported, register
-from ember.lower.values import TensorValue, axis, const_index
+from ember.lower.values import TensorValue, axis, const_index, constant
 from ember.uop.dtypes import dtypes, from_torch
 from ember.uop.ops import Ops, UOp
 
@@ -40,18 +41,21 @@ def _clamp(i: UOp, size: int) -> UOp:
 
 
 def windowed(ctx: LoweringContext, x: TensorValue, out_shape: tuple[int, ...], spans: list[int],
-             start: Callable[[int, UOp], UOp], end: Callable[[int, UOp], UOp]):  # fmt: skip
+             start: Callable[[int, UOp], UOp], end: Callable[[int, UOp], UOp] | None = None,
+             dilation: list[int] | None = None):  # fmt: skip
     """For the last len(spans) dims of `x`: (element, valid, positions, ranges) of a window
-    whose input position along pooled dim d is start(d, out axis) + range d, valid below
-    end(d, out axis) and inside the input (Note: pooling windows)."""
+    whose input position along pooled dim d is start(d, out axis) + range d * dilation d,
+    valid below end(d, out axis) and inside the input (Note: pooling windows)."""
     lead = x.ndim - len(spans)
     ranges = [ctx.reduce_range(span) if span > 1 else const_index(0) for span in spans]
     positions, valid, old_axes = [], [], [axis(i) for i in range(lead)]
     for d, r in enumerate(ranges):
-        size = x.shape[lead + d]
-        position = start(d, axis(lead + d)) + r
+        size, o = x.shape[lead + d], axis(lead + d)
+        position = start(d, o) + (r * dilation[d] if dilation else r)
         positions.append(position)
-        valid += [position.lt(end(d, axis(lead + d))), const_index(-1).lt(position), position.lt(const_index(size))]
+        valid += [const_index(-1).lt(position), position.lt(const_index(size))]
+        if end is not None:
+            valid.append(position.lt(end(d, o)))
         old_axes.append(_clamp(position, size))
     element = x.reindex(out_shape, old_axes).body
     return element, _all(valid), positions, [r for r in ranges if r.op is Ops.RANGE]
@@ -74,8 +78,10 @@ def lower_avg_pool(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, ke
     step = _tuple(stride, n) if stride else kernel
     meta = out_meta(node)
     out_shape, out = tuple(meta.shape), from_torch(meta.dtype)
-    if not out.is_float or x.numel == 0 or math.prod(out_shape) == 0:
-        raise Unsupported("avg_pool of an empty or integer tensor")
+    if not out.is_float:
+        raise Unsupported("avg_pool of integers")
+    if math.prod(out_shape) == 0:
+        return constant(0, out, out_shape)
     sizes = x.shape[-n:]
     start = lambda d, o: o * step[d] - pad[d]  # noqa: E731
     end = lambda d, o: (start(d, o) + kernel[d]).alu(Ops.MIN, const_index(sizes[d] + pad[d]))  # noqa: E731
@@ -118,8 +124,10 @@ def lower_adaptive_avg_pool(ctx: LoweringContext, node: torch.fx.Node, x: Tensor
     n = 3
     meta = out_meta(node)
     out_shape, out = tuple(meta.shape), from_torch(meta.dtype)
-    if not out.is_float or x.numel == 0 or math.prod(out_shape) == 0:
-        raise Unsupported("adaptive_avg_pool of an empty or integer tensor")
+    if not out.is_float:
+        raise Unsupported("adaptive_avg_pool of integers")
+    if math.prod(out_shape) == 0:
+        return constant(0, out, out_shape)
     (element, valid, _, ranges), start, end = adaptive_window(ctx, x, out_shape, n)
     acc = dtypes.float64
     total = reduce_window(valid.where(element.cast(acc), UOp.const(acc, 0.0)), ranges, Ops.ADD)
@@ -129,31 +137,60 @@ def lower_adaptive_avg_pool(ctx: LoweringContext, node: torch.fx.Node, x: Tensor
     return TensorValue(out_shape, out, total.alu(Ops.FDIV, count.cast(acc)).cast(out))
 
 
-@register(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
-def lower_adaptive_max_pool(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, output_size):
-    """Values and flat indices into the pooled plane, as ATen: the first maximum, or the
-    last NaN when the window has one (ATen's loop takes `val > max || isnan(val)`)."""
-    n = 2 if node.target is aten.adaptive_max_pool2d.default else 3
-    meta = node.meta["val"][0]
-    out_shape = tuple(meta.shape)
-    if not x.dtype.is_float or x.numel == 0 or math.prod(out_shape) == 0:
-        raise Unsupported("adaptive_max_pool of an empty or integer tensor")
+def max_with_indices(x: TensorValue, n: int, window: Callable[[], tuple]) -> tuple[UOp, UOp]:
+    """The maximum of each window and its flat index into the pooled plane, as ATen's
+    loops: the first maximum, or the last NaN when the window has one (`val > max ||
+    isnan(val)`). Each reduction gets its own window (reduce ranges are never shared)."""
     sizes = x.shape[-n:]
 
-    def window() -> tuple[UOp, UOp, UOp, list[UOp]]:
-        (element, valid, positions, ranges), _, _ = adaptive_window(ctx, x, out_shape, n)
+    def flat_window() -> tuple[UOp, UOp, UOp, list[UOp]]:
+        element, valid, positions, ranges = window()
         flat = const_index(0)
         for d, p in enumerate(positions):
             flat = flat * sizes[d] + p
         return element, valid, flat.cast(dtypes.int64), ranges
 
-    element, valid, _, ranges = window()
+    element, valid, _, ranges = flat_window()
     maximum = reduce_window(valid.where(element, element.const_like(-math.inf)), ranges, Ops.MAX)
-    element, valid, flat, ranges = window()
+    element, valid, flat, ranges = flat_window()
     none = UOp.const(dtypes.int64, -1)
     last_nan = reduce_window((valid.alu(Ops.AND, element.alu(Ops.ISNAN))).where(flat, none), ranges, Ops.MAX)
-    element, valid, flat, ranges = window()
+    element, valid, flat, ranges = flat_window()
     big = UOp.const(dtypes.int64, 2**62)
     first_max = reduce_window((valid.alu(Ops.AND, element.alu(Ops.CMPEQ, maximum))).where(flat, big), ranges, Ops.MIN)
     indices = none.alu(Ops.CMPLT, last_nan).where(last_nan, first_max)
-    return TensorValue(out_shape, x.dtype, maximum), TensorValue(out_shape, dtypes.int64, indices)
+    return maximum, indices
+
+
+def _max_pool_outputs(node: torch.fx.Node, x: TensorValue) -> tuple[tuple[int, ...], tuple | None]:
+    """The output shape, or the (empty) results when there is nothing to compute."""
+    out_shape = tuple(node.meta["val"][0].shape)
+    if not x.dtype.is_float:
+        raise Unsupported("max pooling of integers")
+    if math.prod(out_shape) == 0:
+        return out_shape, (constant(0, x.dtype, out_shape), constant(0, dtypes.int64, out_shape))
+    return out_shape, None
+
+
+@register(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def lower_adaptive_max_pool(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, output_size):
+    n = 2 if node.target is aten.adaptive_max_pool2d.default else 3
+    out_shape, empty = _max_pool_outputs(node, x)
+    if empty is not None:
+        return empty
+    values, indices = max_with_indices(x, n, lambda: adaptive_window(ctx, x, out_shape, n)[0])
+    return TensorValue(out_shape, x.dtype, values), TensorValue(out_shape, dtypes.int64, indices)
+
+
+@register(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default)
+def lower_max_pool(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, kernel_size, stride=(), padding=0,
+                   dilation=1, ceil_mode=False):  # fmt: skip
+    n = 2 if node.target is aten.max_pool2d_with_indices.default else 3
+    kernel, pad, dilate = _tuple(kernel_size, n), _tuple(padding, n), _tuple(dilation, n)
+    step = _tuple(stride, n) if stride else kernel
+    out_shape, empty = _max_pool_outputs(node, x)
+    if empty is not None:
+        return empty
+    start = lambda d, o: o * step[d] - pad[d]  # noqa: E731
+    values, indices = max_with_indices(x, n, lambda: windowed(ctx, x, out_shape, kernel, start, dilation=dilate))
+    return TensorValue(out_shape, x.dtype, values), TensorValue(out_shape, dtypes.int64, indices)
