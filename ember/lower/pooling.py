@@ -1,6 +1,6 @@
-"""Lowerings of pooling as windowed reductions: avg_pool2d/3d, max_pool2d/3d with indices,
-adaptive average pooling in 3-d (2-d comes from torch's decomposition), adaptive max
-pooling with indices in 2-d and 3-d.
+"""Lowerings of pooling as windowed reductions: avg_pool2d/3d and their backward,
+max_pool2d/3d with indices, adaptive average pooling in 3-d (2-d comes from torch's
+decomposition) and its backward in 2-d and 3-d, adaptive max pooling with indices.
 
 Note: pooling windows
     A pooling output element reduces over a window of its input: one reduce range per
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.fx
@@ -70,37 +71,89 @@ def _tuple(value, n: int) -> list[int]:
     return value * n if len(value) == 1 else value
 
 
+@dataclass(frozen=True)
+class AvgPoolWindows:
+    """avg_pool's windows along the last `n` dims of an input of `sizes` (ATen's geometry)."""
+
+    sizes: tuple[int, ...]
+    kernel: list[int]
+    step: list[int]
+    pad: list[int]
+    count_include_pad: bool
+    divisor_override: int | None
+
+    @staticmethod
+    def of(sizes, kernel_size, stride, padding, count_include_pad, divisor_override) -> AvgPoolWindows:
+        n = len(sizes)
+        kernel = _tuple(kernel_size, n)
+        step = _tuple(stride, n) if stride else kernel
+        return AvgPoolWindows(tuple(sizes), kernel, step, _tuple(padding, n), count_include_pad, divisor_override)
+
+    def start(self, d: int, o: UOp) -> UOp:
+        return o * self.step[d] - self.pad[d]
+
+    def end(self, d: int, o: UOp) -> UOp:
+        return (self.start(d, o) + self.kernel[d]).alu(Ops.MIN, const_index(self.sizes[d] + self.pad[d]))
+
+    def divisor(self, out_axes: list[UOp]) -> UOp:
+        """What the window at output position `out_axes` (one per pooled dim) divides by."""
+        if self.divisor_override:
+            return UOp.const(dtypes.float64, self.divisor_override)
+        divisor = UOp.const(dtypes.index, 1)
+        for d, o in enumerate(out_axes):
+            low, high = self.start(d, o), self.end(d, o)
+            if not self.count_include_pad:
+                low, high = low.alu(Ops.MAX, const_index(0)), high.alu(Ops.MIN, const_index(self.sizes[d]))
+            divisor = divisor * (high - low)
+        return divisor.cast(dtypes.float64)
+
+
 @register(aten.avg_pool2d.default, aten.avg_pool3d.default)
 def lower_avg_pool(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, kernel_size, stride=(), padding=0,
                    ceil_mode=False, count_include_pad=True, divisor_override=None) -> TensorValue:  # fmt: skip
     n = 2 if node.target is aten.avg_pool2d.default else 3
-    kernel, pad = _tuple(kernel_size, n), _tuple(padding, n)
-    step = _tuple(stride, n) if stride else kernel
     meta = out_meta(node)
     out_shape, out = tuple(meta.shape), from_torch(meta.dtype)
     if not out.is_float:
         raise Unsupported("avg_pool of integers")
     if math.prod(out_shape) == 0:
         return constant(0, out, out_shape)
-    sizes = x.shape[-n:]
-    start = lambda d, o: o * step[d] - pad[d]  # noqa: E731
-    end = lambda d, o: (start(d, o) + kernel[d]).alu(Ops.MIN, const_index(sizes[d] + pad[d]))  # noqa: E731
-    element, valid, _, ranges = windowed(ctx, x, out_shape, kernel, start, end)
+    pool = AvgPoolWindows.of(x.shape[-n:], kernel_size, stride, padding, count_include_pad, divisor_override)
+    element, valid, _, ranges = windowed(ctx, x, out_shape, pool.kernel, pool.start, pool.end)
     acc = dtypes.float64
     total = reduce_window(valid.where(element.cast(acc), UOp.const(acc, 0.0)), ranges, Ops.ADD)
-    lead = x.ndim - n
-    if divisor_override:
-        divisor = UOp.const(acc, divisor_override)
-    else:
-        divisor = UOp.const(dtypes.index, 1)
-        for d in range(n):
-            o = axis(lead + d)
-            low, high = start(d, o), end(d, o)
-            if not count_include_pad:
-                low, high = low.alu(Ops.MAX, const_index(0)), high.alu(Ops.MIN, const_index(sizes[d]))
-            divisor = divisor * (high - low)
-        divisor = divisor.cast(acc)
+    divisor = pool.divisor([axis(x.ndim - n + d) for d in range(n)])
     return TensorValue(out_shape, out, total.alu(Ops.FDIV, divisor).cast(out))
+
+
+@register(aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default)
+def lower_avg_pool_backward(ctx: LoweringContext, node: torch.fx.Node, grad: TensorValue, x: TensorValue, kernel_size,
+                            stride, padding, ceil_mode, count_include_pad, divisor_override=None):  # fmt: skip
+    """grad_input at i sums grad / divisor over the windows covering i: outputs o from
+    (i + pad) // step down, while o * step - pad + kernel > i (a reduction over them)."""
+    n = 2 if node.target is aten.avg_pool2d_backward.default else 3
+    meta = out_meta(node)
+    in_shape, out = tuple(meta.shape), from_torch(meta.dtype)
+    if not out.is_float:
+        raise Unsupported("avg_pool backward of integers")
+    if math.prod(in_shape) == 0 or grad.numel == 0:
+        return constant(0, out, in_shape)
+    pool = AvgPoolWindows.of(x.shape[-n:], kernel_size, stride, padding, count_include_pad, divisor_override)
+    lead, out_sizes = x.ndim - n, grad.shape[-n:]
+    old_axes, valid, out_axes, ranges = [axis(i) for i in range(lead)], [], [], []
+    for d in range(n):
+        i = axis(lead + d)
+        span = -(-pool.kernel[d] // pool.step[d])
+        r = ctx.reduce_range(span) if span > 1 else const_index(0)
+        ranges += [r] if span > 1 else []
+        o = (i + pool.pad[d]) // pool.step[d] - r
+        valid += [const_index(-1).lt(o), o.lt(const_index(out_sizes[d])), i.lt(pool.start(d, o) + pool.kernel[d])]
+        old_axes.append(_clamp(o, out_sizes[d]))
+        out_axes.append(_clamp(o, out_sizes[d]))
+    element = grad.reindex(in_shape, old_axes).body.cast(dtypes.float64)
+    share = element.alu(Ops.FDIV, pool.divisor(out_axes))
+    total = reduce_window(_all(valid).where(share, UOp.const(dtypes.float64, 0.0)), ranges, Ops.ADD)
+    return TensorValue(in_shape, out, total.cast(out))
 
 
 def adaptive_start(o: UOp, size: int, out_size: int) -> UOp:
@@ -194,3 +247,33 @@ def lower_max_pool(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, ke
     start = lambda d, o: o * step[d] - pad[d]  # noqa: E731
     values, indices = max_with_indices(x, n, lambda: windowed(ctx, x, out_shape, kernel, start, dilation=dilate))
     return TensorValue(out_shape, x.dtype, values), TensorValue(out_shape, dtypes.int64, indices)
+
+
+@register(aten._adaptive_avg_pool2d_backward.default, aten._adaptive_avg_pool3d_backward.default)
+def lower_adaptive_avg_pool_backward(ctx: LoweringContext, node: torch.fx.Node, grad: TensorValue, x: TensorValue):
+    """grad_input at i sums grad / window size over the outputs o whose window covers i:
+    from the last o starting at or before i, down while the window still ends after i."""
+    n = 2 if node.target is aten._adaptive_avg_pool2d_backward.default else 3
+    meta = out_meta(node)
+    in_shape, out = tuple(meta.shape), from_torch(meta.dtype)
+    if not out.is_float:
+        raise Unsupported("adaptive_avg_pool backward of integers")
+    if math.prod(in_shape) == 0 or grad.numel == 0:
+        return constant(0, out, in_shape)
+    lead, sizes, outs = x.ndim - n, x.shape[-n:], grad.shape[-n:]
+    old_axes, valid, ranges = [axis(i) for i in range(lead)], [], []
+    count = UOp.const(dtypes.index, 1)
+    for d in range(n):
+        i = axis(lead + d)
+        span = min(outs[d], -(-outs[d] // sizes[d]) + 1)
+        r = ctx.reduce_range(span) if span > 1 else const_index(0)
+        ranges += [r] if span > 1 else []
+        o = ((i + 1) * outs[d] - 1) // sizes[d] - r  # the last window starting at or before i, minus r
+        valid += [const_index(-1).lt(o), i.lt(adaptive_end(o, sizes[d], outs[d]))]
+        o = _clamp(o, outs[d])
+        old_axes.append(o)
+        count = count * (adaptive_end(o, sizes[d], outs[d]) - adaptive_start(o, sizes[d], outs[d]))
+    element = grad.reindex(in_shape, old_axes).body.cast(dtypes.float64)
+    share = element.alu(Ops.FDIV, count.cast(dtypes.float64))
+    total = reduce_window(_all(valid).where(share, UOp.const(dtypes.float64, 0.0)), ranges, Ops.ADD)
+    return TensorValue(in_shape, out, total.cast(out))
