@@ -81,9 +81,9 @@ UNARY = {  # name: (function, domain)
     "signbit": (torch.signbit, "real"), "frexp": (torch.frexp, "real"),
     "round2": (lambda x: torch.round(x, decimals=2), "real"),
     "round-1": (lambda x: torch.round(x * 50, decimals=-1), "real"),
-    "elu": (F.elu, "real"), "selu": (F.selu, "real"), "leaky_relu": (lambda x: F.leaky_relu(x, 0.2), "real"),
+    "angle": (torch.angle, "real"), "elu": (F.elu, "real"), "selu": (F.selu, "real"), "leaky_relu": (lambda x: F.leaky_relu(x, 0.2), "real"),
 }  # fmt: skip
-INT_INPUTS = {"acosh", "asinh", "erfc", "lgamma", "digamma", "i0", "i0e", "i1", "bessel_j0", "signbit"}
+INT_INPUTS = {"angle", "acosh", "asinh", "erfc", "lgamma", "digamma", "i0", "i0e", "i1", "bessel_j0", "signbit"}
 FLOAT_ONLY_SPECIALS = {"frexp"}  # frexp rejects integers in eager
 TOLERANCE = {f32: (2e-5, 2e-5), f64: (1e-11, 1e-11)}
 
@@ -161,6 +161,16 @@ def test_integer_binary():
     for fn in (torch.fmax, torch.fmin, torch.copysign, torch.special.zeta):
         assert_matches_eager(fn, a, b, rtol=2e-5, atol=2e-5)
     assert_matches_eager(lambda x: torch.copysign(x, -2.0), a)  # a Python scalar operand
+
+
+def test_decomposed_composites():
+    """addmv, grid_sample and batch norm with update come from torch's decompositions."""
+    m, v, bias = torch.randn(5, 7), torch.randn(7), torch.randn(5)
+    assert_matches_eager(lambda a, b, c: torch.addmv(c, a, b, beta=0.5, alpha=2.0), m, v, bias, rtol=1e-5, atol=1e-5)
+    image, grid = torch.randn(2, 3, 6, 5), torch.rand(2, 4, 3, 2) * 2.2 - 1.1
+    for mode, padding in [("bilinear", "zeros"), ("nearest", "border"), ("bilinear", "reflection")]:
+        assert_matches_eager(lambda a, g: F.grid_sample(a, g, mode, padding, align_corners=False), image, grid,
+                             rtol=1e-5, atol=1e-5)  # fmt: skip
 
 
 def test_round_decimals_of_integers_raises_as_eager():

@@ -35,6 +35,7 @@ EXTRA = [
 # More composites: activations, ldexp, pooling that decomposes into windowed reductions or
 # gathers, and the *_copy variants of views (a view, then a clone).
 EXTRA_POINTWISE = [aten.elu, aten.leaky_relu, aten.ldexp, aten.dist]
+EXTRA_OTHER = [aten.addmv, aten.grid_sampler_2d, aten._batch_norm_with_update_functional]
 EXTRA_POOLING = [
     aten.max_pool2d_with_indices_backward, aten._adaptive_avg_pool2d, aten.im2col, aten.col2im,
 ]  # fmt: skip
@@ -47,7 +48,7 @@ EXTRA_VIEW_COPIES = [
 @functools.lru_cache(maxsize=1)
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
-    table.update(get_decompositions(EXTRA + EXTRA_POINTWISE + EXTRA_POOLING + EXTRA_VIEW_COPIES))
+    table.update(get_decompositions(EXTRA + EXTRA_POINTWISE + EXTRA_POOLING + EXTRA_VIEW_COPIES + EXTRA_OTHER))
     for packet in LOWERED_DIRECTLY + KEPT_AS_EXTERN:
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)

@@ -9,6 +9,7 @@ special functions, renderer/cpp.py), so results agree with eager.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -126,3 +127,12 @@ def lower_round_decimals(ctx: LoweringContext, node: torch.fx.Node, x: TensorVal
         return (v * ten_pow).alu(Ops.ROUND).alu(Ops.FDIV, ten_pow)
 
     return elementwise(node, fn, (x,))
+
+
+def angle(x: UOp) -> UOp:
+    """The argument of a real number, as ATen: pi below zero, 0 otherwise, NaN kept."""
+    below = x.lt(x.const_like(0)).where(x.const_like(math.pi), x.const_like(0))
+    return x.alu(Ops.ISNAN).where(x, below)
+
+
+_register_elementwise([aten.angle], angle, 1, Promotion.INT_TO_FLOAT)
