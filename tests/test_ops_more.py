@@ -81,7 +81,8 @@ UNARY = {  # name: (function, domain)
     "signbit": (torch.signbit, "real"), "frexp": (torch.frexp, "real"),
     "round2": (lambda x: torch.round(x, decimals=2), "real"),
     "round-1": (lambda x: torch.round(x * 50, decimals=-1), "real"),
-    "angle": (torch.angle, "real"), "elu": (F.elu, "real"), "selu": (F.selu, "real"), "leaky_relu": (lambda x: F.leaky_relu(x, 0.2), "real"),
+    "angle": (torch.angle, "real"),
+    "elu": (F.elu, "real"), "selu": (F.selu, "real"), "leaky_relu": (lambda x: F.leaky_relu(x, 0.2), "real"),
 }  # fmt: skip
 INT_INPUTS = {"angle", "acosh", "asinh", "erfc", "lgamma", "digamma", "i0", "i0e", "i1", "bessel_j0", "signbit"}
 FLOAT_ONLY_SPECIALS = {"frexp"}  # frexp rejects integers in eager
@@ -276,6 +277,18 @@ def test_avg_pool1d_and_3d():
         ember.metrics.reset()
         check(fn, x)
         assert ember.metrics.fallback_calls == 0
+
+
+def test_integer_pooling():
+    """Integers: max pooling with eager's indices, average pooling with C's truncating division."""
+    x = torch.randint(-20, 20, (2, 3, 9, 11))
+    pools = [
+        lambda t: F.max_pool2d(t, 3, 2, 1, return_indices=True), lambda t: F.avg_pool2d(t, 3, 2, 1),
+        lambda t: F.avg_pool2d(t, 2, ceil_mode=True, count_include_pad=False),
+        lambda t: F.avg_pool3d(t, 2, 1, divisor_override=3), lambda t: F.max_pool3d(t, 2, return_indices=True),
+    ]  # fmt: skip
+    for fn in pools:
+        assert_matches_eager(fn, x)
 
 
 @pytest.mark.parametrize("out_size", [(4, 5), (3, 1), (9, 11), (1, 1), (2, 4)])

@@ -24,7 +24,7 @@ from ember.lower.context import LoweringContext
 from ember.lower.pointwise import out_meta
 from ember.lower.registry import Unsupported, register
 from ember.lower.values import TensorValue, axis, const_index, constant
-from ember.uop.dtypes import dtypes, from_torch
+from ember.uop.dtypes import DType, dtypes, from_torch
 from ember.uop.ops import Ops, UOp
 
 aten = torch.ops.aten
@@ -95,17 +95,17 @@ class AvgPoolWindows:
     def end(self, d: int, o: UOp) -> UOp:
         return (self.start(d, o) + self.kernel[d]).alu(Ops.MIN, const_index(self.sizes[d] + self.pad[d]))
 
-    def divisor(self, out_axes: list[UOp]) -> UOp:
+    def divisor(self, out_axes: list[UOp], dtype: DType = dtypes.float64) -> UOp:
         """What the window at output position `out_axes` (one per pooled dim) divides by."""
         if self.divisor_override:
-            return UOp.const(dtypes.float64, self.divisor_override)
+            return UOp.const(dtype, self.divisor_override)
         divisor = UOp.const(dtypes.index, 1)
         for d, o in enumerate(out_axes):
             low, high = self.start(d, o), self.end(d, o)
             if not self.count_include_pad:
                 low, high = low.alu(Ops.MAX, const_index(0)), high.alu(Ops.MIN, const_index(self.sizes[d]))
             divisor = divisor * (high - low)
-        return divisor.cast(dtypes.float64)
+        return divisor.cast(dtype)
 
 
 @register(aten.avg_pool2d.default, aten.avg_pool3d.default)
@@ -114,16 +114,14 @@ def lower_avg_pool(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, ke
     n = 2 if node.target is aten.avg_pool2d.default else 3
     meta = out_meta(node)
     out_shape, out = tuple(meta.shape), from_torch(meta.dtype)
-    if not out.is_float:
-        raise Unsupported("avg_pool of integers")
     if math.prod(out_shape) == 0:
         return constant(0, out, out_shape)
     pool = AvgPoolWindows.of(x.shape[-n:], kernel_size, stride, padding, count_include_pad, divisor_override)
     element, valid, _, ranges = windowed(ctx, x, out_shape, pool.kernel, pool.start, pool.end)
-    acc = dtypes.float64
-    total = reduce_window(valid.where(element.cast(acc), UOp.const(acc, 0.0)), ranges, Ops.ADD)
-    divisor = pool.divisor([axis(x.ndim - n + d) for d in range(n)])
-    return TensorValue(out_shape, out, total.alu(Ops.FDIV, divisor).cast(out))
+    acc = dtypes.float64 if out.is_float else dtypes.int64  # integers: ATen's int64 sum and C division
+    total = reduce_window(valid.where(element.cast(acc), UOp.const(acc, 0)), ranges, Ops.ADD)
+    divisor = pool.divisor([axis(x.ndim - n + d) for d in range(n)], acc)
+    return TensorValue(out_shape, out, total.alu(Ops.FDIV if out.is_float else Ops.IDIV, divisor).cast(out))
 
 
 @register(aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default)
@@ -204,10 +202,13 @@ def max_with_indices(x: TensorValue, n: int, window: Callable[[], tuple]) -> tup
         return element, valid, flat.cast(dtypes.int64), ranges
 
     element, valid, _, ranges = flat_window()
-    maximum = reduce_window(valid.where(element, element.const_like(-math.inf)), ranges, Ops.MAX)
-    element, valid, flat, ranges = flat_window()
+    lowest = -math.inf if x.dtype.is_float else x.dtype.min
+    maximum = reduce_window(valid.where(element, element.const_like(lowest)), ranges, Ops.MAX)
     none = UOp.const(dtypes.int64, -1)
-    last_nan = reduce_window((valid.alu(Ops.AND, element.alu(Ops.ISNAN))).where(flat, none), ranges, Ops.MAX)
+    last_nan = none
+    if x.dtype.is_float:
+        element, valid, flat, ranges = flat_window()
+        last_nan = reduce_window((valid.alu(Ops.AND, element.alu(Ops.ISNAN))).where(flat, none), ranges, Ops.MAX)
     element, valid, flat, ranges = flat_window()
     big = UOp.const(dtypes.int64, 2**62)
     first_max = reduce_window((valid.alu(Ops.AND, element.alu(Ops.CMPEQ, maximum))).where(flat, big), ranges, Ops.MIN)
@@ -218,8 +219,8 @@ def max_with_indices(x: TensorValue, n: int, window: Callable[[], tuple]) -> tup
 def _max_pool_outputs(node: torch.fx.Node, x: TensorValue) -> tuple[tuple[int, ...], tuple | None]:
     """The output shape, or the (empty) results when there is nothing to compute."""
     out_shape = tuple(node.meta["val"][0].shape)
-    if not x.dtype.is_float:
-        raise Unsupported("max pooling of integers")
+    if x.dtype.is_bool:
+        raise Unsupported("max pooling of bools")
     if math.prod(out_shape) == 0:
         return out_shape, (constant(0, x.dtype, out_shape), constant(0, dtypes.int64, out_shape))
     return out_shape, None
@@ -228,6 +229,8 @@ def _max_pool_outputs(node: torch.fx.Node, x: TensorValue) -> tuple[tuple[int, .
 @register(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
 def lower_adaptive_max_pool(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, output_size):
     n = 2 if node.target is aten.adaptive_max_pool2d.default else 3
+    if not x.dtype.is_float:
+        raise Unsupported("adaptive max pooling of integers (eager has no kernel for them)")
     out_shape, empty = _max_pool_outputs(node, x)
     if empty is not None:
         return empty
