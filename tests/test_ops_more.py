@@ -234,6 +234,18 @@ def test_view_copies():
     assert_matches_eager(lambda t: torch.unbind_copy(t, 1), x)
 
 
+@pytest.mark.parametrize("offset,dim1,dim2", [(0, 1, 2), (1, 1, 2), (-2, 2, 1), (0, 0, 2), (3, -1, 0), (9, 0, 1)])
+def test_diagonal_scatter(offset, dim1, dim2):
+    x = torch.randn(4, 5, 6)
+    src_shape = torch.diagonal(x, offset, dim1, dim2).shape
+    src = torch.randn(src_shape)
+    assert_matches_eager(lambda a, b: torch.diagonal_scatter(a, b, offset, dim1, dim2), x, src)
+    assert_matches_eager(lambda a, b: torch.diagonal_scatter(a, b, offset, dim1, dim2), x.transpose(0, 2).contiguous()
+                         .transpose(0, 2), src)  # fmt: skip
+    ints = torch.randint(0, 9, (4, 5, 6))
+    assert_matches_eager(lambda a, b: torch.diagonal_scatter(a, b, offset, dim1, dim2), ints, src.long())
+
+
 def test_empty_permuted_shape():
     ember.metrics.reset()
     out = compile_fn(lambda t: torch.empty_permuted((2, 3, 4), (0, 2, 1)) + t)(torch.zeros(4))

@@ -22,7 +22,7 @@ from ember.lower.values import (
     unsqueeze,
 )
 from ember.uop.dtypes import dtypes, from_torch
-from ember.uop.ops import UOp
+from ember.uop.ops import Ops, UOp
 
 aten = torch.ops.aten
 
@@ -169,3 +169,21 @@ def lower_empty_permuted(ctx: LoweringContext, node: torch.fx.Node, size, physic
     # empty's contents are unspecified: zeros is a valid, deterministic choice
     meta = out_meta(node)
     return constant(0, from_torch(meta.dtype), tuple(meta.shape))
+
+
+@register(aten.diagonal_scatter.default)
+def lower_diagonal_scatter(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, src, offset=0, dim1=0, dim2=1):
+    """x with its diagonal (as `diagonal` takes it) replaced by src: an elementwise select."""
+    d1, d2 = _dim(dim1, x.ndim), _dim(dim2, x.ndim)
+    if d1 == d2 or not isinstance(src, TensorValue):
+        raise Unsupported("diagonal_scatter of a dim with itself")
+    if src.numel == 0:  # an empty diagonal: nothing to replace
+        return x
+    kept = [d for d in range(x.ndim) if d not in (d1, d2)]
+    i = axis(d1) - max(-offset, 0)  # the position along the diagonal
+    src_axes = [axis(d) for d in kept] + [i]
+    on_diagonal = (axis(d2) - axis(d1)).alu(Ops.CMPEQ, const_index(offset))
+    on_diagonal = on_diagonal.alu(Ops.AND, const_index(-1).lt(i)).alu(Ops.AND, i.lt(const_index(src.shape[-1])))
+    clamped = i.alu(Ops.MAX, const_index(0)).alu(Ops.MIN, const_index(src.shape[-1] - 1))
+    src_value = src.reindex(x.shape, src_axes[:-1] + [clamped]).body.cast(x.dtype)
+    return TensorValue(x.shape, x.dtype, on_diagonal.where(src_value, x.body))
