@@ -356,12 +356,14 @@ BACKWARD = {
     "avg_pool1d": lambda t: F.avg_pool1d(t.flatten(2), 4, 3, 2, ceil_mode=True),
     "adaptive_avg_pool2d": lambda t: F.adaptive_avg_pool2d(t, (3, 5)),
     "adaptive_avg_pool2d_up": lambda t: F.adaptive_avg_pool2d(t, (11, 9)),
+    "hardshrink": lambda t: F.hardshrink(t, 0.7),
+    "softshrink": lambda t: F.softshrink(t, 0.3),
     "adaptive_avg_pool3d": lambda t: F.adaptive_avg_pool3d(t.unsqueeze(2).expand(-1, -1, 3, -1, -1), (2, 3, 5)),
 }
 
 
 @pytest.mark.parametrize("name", sorted(BACKWARD))
-def test_pooling_backward(name):
+def test_backward_graphs(name):
     """The backward graphs compile with no fallback, and the gradients match eager."""
     pool = BACKWARD[name]
     x = images((2, 3, 8, 7))

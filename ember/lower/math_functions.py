@@ -136,3 +136,14 @@ def angle(x: UOp) -> UOp:
 
 
 _register_elementwise([aten.angle], angle, 1, Promotion.INT_TO_FLOAT)
+
+
+@register(aten.hardshrink_backward.default, aten.softshrink_backward.default)
+def lower_shrink_backward(ctx: LoweringContext, node: torch.fx.Node, grad, x, lambd=0.5) -> TensorValue:
+    """As ATen: zero where -lambd <= x <= lambd, the incoming gradient elsewhere (NaN passes it)."""
+
+    def fn(g: UOp, v: UOp) -> UOp:
+        inside = v.const_like(-lambd).alu(Ops.CMPLE, v).alu(Ops.AND, v.alu(Ops.CMPLE, v.const_like(lambd)))
+        return inside.where(g.const_like(0), g)
+
+    return elementwise(node, fn, (grad, x))
