@@ -246,6 +246,13 @@ def test_diagonal_scatter(offset, dim1, dim2):
     assert_matches_eager(lambda a, b: torch.diagonal_scatter(a, b, offset, dim1, dim2), ints, src.long())
 
 
+def test_as_strided_of_inputs_with_size_one_dims():
+    for x in (torch.randn(1), torch.randn(3, 1), torch.randn(1, 4)):
+        n = x.numel()
+        assert_matches_eager(lambda t: torch.as_strided(t, (n,), (1,), 0) * 2, x)
+        assert_matches_eager(lambda t: torch.as_strided_copy(t, (1, n), (n, 1)), x)
+
+
 def test_empty_permuted_shape():
     ember.metrics.reset()
     out = compile_fn(lambda t: torch.empty_permuted((2, 3, 4), (0, 2, 1)) + t)(torch.zeros(4))

@@ -86,7 +86,9 @@ def lower_as_strided(ctx: LoweringContext, node, x: TensorValue, size, stride, s
     if not isinstance(base_meta, torch.Tensor) or not base_meta.is_contiguous():
         raise Unsupported("as_strided of a non-contiguous input")
     ref = ctx.realize(x, node.name)
-    if ref.layout.stride != tuple(base_meta.stride()) or ref.layout.offset != 0:
+    # a size-1 dim's stride is arbitrary: only the others must match eager's
+    strides_differ = any(a != b for a, b, n in zip(ref.layout.stride, base_meta.stride(), base_meta.shape) if n > 1)
+    if strides_differ or ref.layout.offset != 0:
         raise Unsupported("as_strided of a value whose storage differs from eager's")
     offset = (storage_offset if storage_offset is not None else base_meta.storage_offset()) - base_meta.storage_offset()
     from ember.ir import Layout
