@@ -35,6 +35,18 @@ EXTRA = [
     aten.log_sigmoid_forward, aten.mse_loss, aten.mse_loss_backward, aten.rms_norm,
 ]  # fmt: skip
 
+# More composites: activations, ldexp, pooling that decomposes into windowed reductions or
+# gathers, and the *_copy variants of views (a view, then a clone).
+EXTRA_POINTWISE = [aten.elu, aten.leaky_relu, aten.ldexp, aten.dist]
+EXTRA_OTHER = [aten.addmv, aten.grid_sampler_2d, aten._batch_norm_with_update_functional]
+EXTRA_POOLING = [
+    aten.max_pool2d_with_indices_backward, aten._adaptive_avg_pool2d, aten.im2col, aten.col2im,
+]  # fmt: skip
+EXTRA_VIEW_COPIES = [
+    aten.permute_copy, aten.as_strided_copy, aten.view_copy, aten.narrow_copy, aten.unbind_copy,
+    aten.new_empty_strided,
+]  # fmt: skip
+
 
 # Random ops whose decomposition draws differently from eager's kernel (bernoulli -> rand < p):
 # with config.fallback_random they stay whole, so the aten call draws exactly as eager does.
@@ -44,7 +56,7 @@ RANDOM_DECOMPOSED = [aten.bernoulli]
 @functools.lru_cache(maxsize=2)
 def decomposition_table(fallback_random: bool = False) -> dict:
     table = dict(core_aten_decompositions())
-    table.update(get_decompositions(EXTRA))
+    table.update(get_decompositions(EXTRA + EXTRA_POINTWISE + EXTRA_POOLING + EXTRA_VIEW_COPIES + EXTRA_OTHER))
     for packet in LOWERED_DIRECTLY + KEPT_AS_EXTERN + (RANDOM_DECOMPOSED if fallback_random else []):
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)

@@ -12,6 +12,7 @@ from ember.lower.values import (
     TensorValue,
     axis,
     broadcast_to,
+    const_index,
     constant,
     load,
     permute,
@@ -21,7 +22,7 @@ from ember.lower.values import (
     unsqueeze,
 )
 from ember.uop.dtypes import dtypes, from_torch
-from ember.uop.ops import UOp
+from ember.uop.ops import Ops, UOp
 
 aten = torch.ops.aten
 
@@ -85,7 +86,9 @@ def lower_as_strided(ctx: LoweringContext, node, x: TensorValue, size, stride, s
     if not isinstance(base_meta, torch.Tensor) or not base_meta.is_contiguous():
         raise Unsupported("as_strided of a non-contiguous input")
     ref = ctx.realize(x, node.name)
-    if ref.layout.stride != tuple(base_meta.stride()) or ref.layout.offset != 0:
+    # a size-1 dim's stride is arbitrary: only the others must match eager's
+    strides_differ = any(a != b for a, b, n in zip(ref.layout.stride, base_meta.stride(), base_meta.shape) if n > 1)
+    if strides_differ or ref.layout.offset != 0:
         raise Unsupported("as_strided of a value whose storage differs from eager's")
     offset = (storage_offset if storage_offset is not None else base_meta.storage_offset()) - base_meta.storage_offset()
     from ember.ir import Layout
@@ -132,3 +135,57 @@ def lower_arange(ctx: LoweringContext, node: torch.fx.Node, *args, **kwargs) -> 
     i = axis(0).cast(compute)
     body = (i * UOp.const(compute, step) + UOp.const(compute, start)).cast(dtype)
     return TensorValue(tuple(meta.shape), dtype, body if meta.numel() else UOp.const(dtype, 0))
+
+
+@register(aten.diagonal.default)
+def lower_diagonal(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, offset=0, dim1=0, dim2=1):
+    """The diagonal of dims (dim1, dim2) becomes the last dim: x[..., i, i + offset, ...]."""
+    d1, d2 = _dim(dim1, x.ndim), _dim(dim2, x.ndim)
+    if d1 == d2:
+        raise Unsupported("diagonal of a dim with itself")
+    out_shape = tuple(out_meta(node).shape)
+    kept = [d for d in range(x.ndim) if d not in (d1, d2)]
+    old_axes = [const_index(0)] * x.ndim
+    for new, old in enumerate(kept):
+        old_axes[old] = axis(new)
+    i = axis(len(kept))
+    old_axes[d1] = i + max(-offset, 0)
+    old_axes[d2] = i + max(offset, 0)
+    return x.reindex(out_shape, old_axes)
+
+
+@register(aten.unfold.default)
+def lower_unfold(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dimension: int, size: int, step: int):
+    """Windows of `size` every `step` along `dimension`; the position in a window is a new last dim."""
+    out_shape = tuple(out_meta(node).shape)
+    if x.ndim == 0:
+        return x.reindex(out_shape, [])
+    d = _dim(dimension, x.ndim)
+    old_axes = [axis(i) for i in range(x.ndim)]
+    old_axes[d] = axis(d) * step + axis(x.ndim)
+    return x.reindex(out_shape, old_axes)
+
+
+@register(aten.empty_permuted.default)
+def lower_empty_permuted(ctx: LoweringContext, node: torch.fx.Node, size, physical_layout, **kwargs) -> TensorValue:
+    # empty's contents are unspecified: zeros is a valid, deterministic choice
+    meta = out_meta(node)
+    return constant(0, from_torch(meta.dtype), tuple(meta.shape))
+
+
+@register(aten.diagonal_scatter.default)
+def lower_diagonal_scatter(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, src, offset=0, dim1=0, dim2=1):
+    """x with its diagonal (as `diagonal` takes it) replaced by src: an elementwise select."""
+    d1, d2 = _dim(dim1, x.ndim), _dim(dim2, x.ndim)
+    if d1 == d2 or not isinstance(src, TensorValue):
+        raise Unsupported("diagonal_scatter of a dim with itself")
+    if src.numel == 0:  # an empty diagonal: nothing to replace
+        return x
+    kept = [d for d in range(x.ndim) if d not in (d1, d2)]
+    i = axis(d1) - max(-offset, 0)  # the position along the diagonal
+    src_axes = [axis(d) for d in kept] + [i]
+    on_diagonal = (axis(d2) - axis(d1)).alu(Ops.CMPEQ, const_index(offset))
+    on_diagonal = on_diagonal.alu(Ops.AND, const_index(-1).lt(i)).alu(Ops.AND, i.lt(const_index(src.shape[-1])))
+    clamped = i.alu(Ops.MAX, const_index(0)).alu(Ops.MIN, const_index(src.shape[-1] - 1))
+    src_value = src.reindex(x.shape, src_axes[:-1] + [clamped]).body.cast(x.dtype)
+    return TensorValue(x.shape, x.dtype, on_diagonal.where(src_value, x.body))

@@ -97,18 +97,87 @@ class Ops(enum.Enum):
     # random numbers (Note: counter-based random numbers, lower/random.py)
     PHILOX = enum.auto()  # src: (seed int64, counter index); arg: word 0..3; the uint32 word of Philox4x32-10
     BITCAST = enum.auto()  # src: (x,); the bits of x read as `dtype` (same itemsize)
+    # math functions beyond the basic set: unary (libm, then renderer/special_math.h)
+    ACOSH = enum.auto()
+    ASINH = enum.auto()
+    ATANH = enum.auto()
+    ERFC = enum.auto()
+    LGAMMA = enum.auto()
+    SIGNBIT = enum.auto()  # bool: the sign bit of a float (true for -0.0 and -nan)
+    FREXP_MANTISSA = enum.auto()  # in [0.5, 1) in magnitude, as frexp
+    FREXP_EXPONENT = enum.auto()  # int32, as frexp
+    DIGAMMA = enum.auto()
+    TRIGAMMA = enum.auto()
+    ERFINV = enum.auto()
+    ERFCX = enum.auto()
+    I0 = enum.auto()
+    I0E = enum.auto()
+    I1 = enum.auto()
+    I1E = enum.auto()
+    NDTRI = enum.auto()
+    AIRY_AI = enum.auto()
+    BESSEL_J0 = enum.auto()
+    BESSEL_J1 = enum.auto()
+    BESSEL_Y0 = enum.auto()
+    BESSEL_Y1 = enum.auto()
+    MODIFIED_BESSEL_I0 = enum.auto()
+    MODIFIED_BESSEL_I1 = enum.auto()
+    MODIFIED_BESSEL_K0 = enum.auto()
+    MODIFIED_BESSEL_K1 = enum.auto()
+    SCALED_MODIFIED_BESSEL_K0 = enum.auto()
+    SCALED_MODIFIED_BESSEL_K1 = enum.auto()
+    SPHERICAL_BESSEL_J0 = enum.auto()
+    # math functions beyond the basic set: binary
+    COPYSIGN = enum.auto()
+    NEXTAFTER = enum.auto()
+    HYPOT = enum.auto()
+    FMAX = enum.auto()  # max ignoring NaN (C fmax), as torch.fmax
+    FMIN = enum.auto()
+    POLYGAMMA = enum.auto()  # src: (x, n): n-th derivative of digamma at x, n >= 2
+    ZETA = enum.auto()  # Hurwitz zeta(x, q)
+    IGAMMA = enum.auto()
+    IGAMMAC = enum.auto()
+    CHEBYSHEV_T = enum.auto()  # src: (x, n) for the polynomials
+    CHEBYSHEV_U = enum.auto()
+    CHEBYSHEV_V = enum.auto()
+    CHEBYSHEV_W = enum.auto()
+    SHIFTED_CHEBYSHEV_T = enum.auto()
+    SHIFTED_CHEBYSHEV_U = enum.auto()
+    SHIFTED_CHEBYSHEV_V = enum.auto()
+    SHIFTED_CHEBYSHEV_W = enum.auto()
+    HERMITE_H = enum.auto()
+    HERMITE_HE = enum.auto()
+    LAGUERRE_L = enum.auto()
+    LEGENDRE_P = enum.auto()
+
+
+MATH_UNARY_OPS = frozenset(
+    {Ops.ACOSH, Ops.ASINH, Ops.ATANH, Ops.ERFC, Ops.LGAMMA, Ops.SIGNBIT, Ops.FREXP_MANTISSA, Ops.FREXP_EXPONENT}
+    | {Ops.DIGAMMA, Ops.TRIGAMMA, Ops.ERFINV, Ops.ERFCX, Ops.I0, Ops.I0E, Ops.I1, Ops.I1E, Ops.NDTRI}
+    | {Ops.AIRY_AI, Ops.BESSEL_J0, Ops.BESSEL_J1, Ops.BESSEL_Y0, Ops.BESSEL_Y1, Ops.SPHERICAL_BESSEL_J0}
+    | {Ops.MODIFIED_BESSEL_I0, Ops.MODIFIED_BESSEL_I1, Ops.MODIFIED_BESSEL_K0, Ops.MODIFIED_BESSEL_K1}
+    | {Ops.SCALED_MODIFIED_BESSEL_K0, Ops.SCALED_MODIFIED_BESSEL_K1}
+)
+MATH_BINARY_OPS = frozenset(
+    {Ops.COPYSIGN, Ops.NEXTAFTER, Ops.HYPOT, Ops.FMAX, Ops.FMIN, Ops.POLYGAMMA, Ops.ZETA, Ops.IGAMMA, Ops.IGAMMAC}
+    | {Ops.CHEBYSHEV_T, Ops.CHEBYSHEV_U, Ops.CHEBYSHEV_V, Ops.CHEBYSHEV_W, Ops.SHIFTED_CHEBYSHEV_T}
+    | {Ops.SHIFTED_CHEBYSHEV_U, Ops.SHIFTED_CHEBYSHEV_V, Ops.SHIFTED_CHEBYSHEV_W, Ops.HERMITE_H, Ops.HERMITE_HE}
+    | {Ops.LAGUERRE_L, Ops.LEGENDRE_P}
+)
 
 
 UNARY_OPS = frozenset(
     {Ops.NEG, Ops.NOT, Ops.ABS, Ops.EXP, Ops.EXP2, Ops.EXPM1, Ops.LOG, Ops.LOG2, Ops.LOG10, Ops.LOG1P, Ops.SQRT}
     | {Ops.SIN, Ops.COS, Ops.TAN, Ops.ASIN, Ops.ACOS, Ops.ATAN, Ops.SINH, Ops.COSH, Ops.TANH, Ops.ERF}
     | {Ops.FLOOR, Ops.CEIL, Ops.ROUND, Ops.TRUNC, Ops.ISNAN, Ops.ISINF}
+    | MATH_UNARY_OPS
 )
 BINARY_OPS = frozenset(
     {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.FMOD, Ops.MAX, Ops.MIN, Ops.POW, Ops.ATAN2}
     | {Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
+    | MATH_BINARY_OPS
 )
-COMPARISON_OPS = frozenset({Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE, Ops.ISNAN, Ops.ISINF})
+COMPARISON_OPS = frozenset({Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE, Ops.ISNAN, Ops.ISINF, Ops.SIGNBIT})
 COMMUTATIVE_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
 ALU_OPS = UNARY_OPS | BINARY_OPS | {Ops.WHERE, Ops.CAST}
 
