@@ -46,6 +46,7 @@ class _Linearizer:
                 for r in group:
                     self.reduce_parent[r] = (u.src[0], group)
         self.stacks = {u: self.canonical(u) for u in self.order}
+        self.position = {u: i for i, u in enumerate(self.order)}
         self.program: list[UOp] = []
         self.stack: list[UOp] = []
         self.blocks: list[set[UOp]] = [set()]  # values defined at each depth
@@ -67,7 +68,6 @@ class _Linearizer:
         return [r for r in self.loops if r.arg.axis <= deepest]
 
     def run(self) -> list[UOp]:
-        position = {u: i for i, u in enumerate(self.order)}
         waiting = {u: sum(1 for s in set(u.src) if not _trivial(s)) for u in self.order}
         users: dict[UOp, list[UOp]] = {}
         for u in self.order:
@@ -75,7 +75,7 @@ class _Linearizer:
                 users.setdefault(s, []).append(u)
         ready = [u for u in self.order if waiting[u] == 0]
         while ready:
-            u = min(ready, key=lambda c: self.preference(c, position[c]))
+            u = min(ready, key=lambda c: self.preference(c, self.position[c]))
             ready.remove(u)
             self.emit(u)
             for user in users.get(u, []):
@@ -98,15 +98,29 @@ class _Linearizer:
         return keep
 
     def emit(self, u: UOp) -> None:
-        """Place `u` in its loop stack; sources that died with a closed loop are recomputed."""
+        """Place `u` in its loop stack; sources that died with a closed loop are recomputed,
+        shallowest first: placing one may close a loop, killing deeper values, which are
+        then recomputed too (all these stacks are prefixes of u's, so deeper ones only open loops)."""
+        while dead := self.dead_sources(u):
+            self.place(min(dead, key=lambda s: (len(self.stacks[s]), self.position[s])))
+        self.place(u)
+
+    def dead_sources(self, u: UOp) -> set[UOp]:
+        """The values `u` needs (directly or through others) that are not live now."""
+        dead: set[UOp] = set()
+        todo = [u]
+        while todo:
+            for s in todo.pop().src:
+                if _trivial(s) or s in self.live or s in dead or s.op is Ops.ACC_UPDATE:  # an update is done
+                    continue
+                if s.op in STATEFUL:
+                    raise RuntimeError(f"linearize: {s.op.name} would be emitted twice")
+                dead.add(s)
+                todo.append(s)
+        return dead
+
+    def place(self, u: UOp) -> None:
         self.move_to(self.stacks[u])
-        for s in u.src:
-            if _trivial(s) or s in self.live or s.op is Ops.ACC_UPDATE:  # an update is done, not a value
-                continue
-            if s.op in STATEFUL:
-                raise RuntimeError(f"linearize: {s.op.name} would be emitted twice")
-            self.emit(s)
-            self.move_to(self.stacks[u])
         self.program.append(u)
         self.live.add(u)
         self.blocks[-1].add(u)

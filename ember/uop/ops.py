@@ -37,6 +37,8 @@ class Ops(enum.Enum):
     DEFINE_ACC = enum.auto()  # accumulator declared where the REDUCE result lives; arg: AccArg
     ACC_UPDATE = enum.auto()  # src: (DEFINE_ACC, value, *reduce RANGEs); acc = combine(acc, value)
     ACC_READ = enum.auto()  # src: (DEFINE_ACC, ACC_UPDATE); the reduced value after the loop
+    # a lane accumulator (AccArg.lanes > 1, codegen/lanes.py) is an array: its ACC_UPDATE's last
+    # RANGE is the lane it updates, and its ACC_READ has a third src, the lane index it reads
     ENDRANGE = enum.auto()  # linearizer only: closes src[0]
     CHECK = enum.auto()  # src: (value, ok); the value, and a run-time error where `ok` is false; arg: CheckArg
     # unary
@@ -130,6 +132,7 @@ class AccArg:
     combine: Ops
     identity: Any
     id: int
+    lanes: int = 1  # > 1: an array of this many accumulators (Note: lane accumulators, codegen/lanes.py)
 
 
 @dataclass(frozen=True)
