@@ -79,13 +79,18 @@ def test_fused_column_normalization():
 # ---- IR: which reductions get lane accumulators --------------------------------------
 
 
-def _sum_kernel(rows: int, cols: int, row_stride: int, col_stride: int, max_lanes: int = MAX_LANES) -> list[UOp]:
-    """out[c] = sum_r x[r * row_stride + c * col_stride], lowered: its DEFINE_ACCs."""
+def _sum_kernel(
+    rows: int, cols: int, row_stride: int, col_stride: int, max_lanes: int = MAX_LANES, scaled: bool = False
+) -> list[UOp]:
+    """out[c] = sum_r x[r * row_stride + c * col_stride] (* w[c] if scaled), lowered: its DEFINE_ACCs."""
     x = UOp(Ops.BUFFER, dtypes.float32, (), BufferArg("p1", rows * cols))
     out = UOp(Ops.BUFFER, dtypes.float32, (), BufferArg("p0", cols))
     c, r = UOp.range(cols, 0), UOp.range(rows, 1, reduce=True)
     index = r * UOp.const(dtypes.index, row_stride) + c * UOp.const(dtypes.index, col_stride)
     load = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, dtypes.float32, (x, index)),))
+    for i in range(3 if scaled else 0):  # per-column parameters, contiguous in c but not streamed
+        w = UOp(Ops.BUFFER, dtypes.float32, (), BufferArg(f"p{2 + i}", cols))
+        load = load * UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, dtypes.float32, (w, c)),))
     value = UOp(Ops.REDUCE, dtypes.float32, (load, r), Ops.ADD)
     sink = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, dtypes.float32, (out, c)), value)),))
     return [u for u in full_rewrite(sink, max_lanes).toposort if u.op is Ops.DEFINE_ACC]
@@ -96,5 +101,7 @@ def test_lanes_only_where_the_output_axis_is_contiguous():
     assert column.arg.lanes == 64
     (row,) = _sum_kernel(100, 64, row_stride=1, col_stride=100)
     assert row.arg.lanes == 1
+    (row_with_parameters,) = _sum_kernel(100, 64, row_stride=1, col_stride=100, scaled=True)
+    assert row_with_parameters.arg.lanes == 1
     (too_wide,) = _sum_kernel(4, 64, row_stride=64, col_stride=1, max_lanes=32)
     assert too_wide.arg.lanes == 1

@@ -43,7 +43,9 @@ def lane_range(red: UOp, innermost: UOp | None, max_lanes: int) -> UOp | None:
         return None  # a reduction nested per lane would put loops inside the lane loop
     inner_reduce = max(reduce_ranges, key=lambda r: r.arg.axis)
     along_lane = along_reduce = 0
-    for load in (u for u in value.toposort if u.op is Ops.LOAD):
+    for load in (u for u in value.toposort if u.op is Ops.LOAD and inner_reduce in u.ranges):
+        # only loads streamed through by the reduction count: a per-lane parameter
+        # (a batch norm's weight read by a mean over H, W) is loaded once either way
         strides = _unit_strides(load.src[0].src[1])
         along_lane += innermost in strides
         along_reduce += inner_reduce in strides
