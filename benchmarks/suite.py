@@ -231,6 +231,28 @@ def make_bandwidth(quick: bool) -> Workload:
     return Workload("bandwidth", bandwidth_chain, inputs, False, bytes_moved)
 
 
+def column_sum(x: torch.Tensor) -> torch.Tensor:
+    """A reduction over the outer axis of a row-major matrix (Note: lane accumulators, codegen/lanes.py)."""
+    return x.sum(dim=0)
+
+
+def full_sum(x: torch.Tensor) -> torch.Tensor:
+    """A reduction of every element to one: split over the threads, then combined."""
+    return x.sum()
+
+
+def make_column_sum(quick: bool) -> Workload:
+    torch.manual_seed(0)
+    rows, width = (64, 128) if quick else (8192, 1024)
+    return Workload("column_sum", column_sum, (torch.randn(rows, width),), False, 4 * rows * width)
+
+
+def make_full_sum(quick: bool) -> Workload:
+    torch.manual_seed(0)
+    numel = 1 << 16 if quick else 1 << 24
+    return Workload("full_sum", full_sum, (torch.randn(numel),), False, 4 * numel)
+
+
 # ---------------------------------------------------------------------------------------------
 # Hugging Face models: random weights from a config built here, never downloaded
 
@@ -324,6 +346,8 @@ WORKLOADS: dict[str, Callable[[bool], Workload | None]] = {
     "llama": make_llama,
     "mlp_train": make_mlp_train,
     "bandwidth": make_bandwidth,
+    "column_sum": make_column_sum,
+    "full_sum": make_full_sum,
 }
 
 

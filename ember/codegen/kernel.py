@@ -51,10 +51,10 @@ def choose_inplace(sink: UOp, members: dict[str, Buffer], dying: dict[str, Buffe
     003's decide_inplace_update) when every read of the input is at the very index the
     output is stored at, and the output's own value makes that read: then each element is
     read before it is overwritten, by the same iteration, and the load is one hash-consed
-    UOp emitted before the store. Kernels with reductions are left alone: their loop nests
+    UOp emitted before the store. Kernels with reductions or scans are left alone: their loop nests
     may recompute a load after a store. The input's buffer is renamed to the output's, so
     the kernel sees one `__restrict__` pointer, never two aliasing ones."""
-    if not dying or any(u.op is Ops.REDUCE for u in sink.toposort):
+    if not dying or any(u.op in (Ops.REDUCE, Ops.SCAN) for u in sink.toposort):
         return {}
     reads: dict[str, set[UOp]] = {}
     for u in sink.toposort:

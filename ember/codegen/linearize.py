@@ -46,6 +46,7 @@ class _Linearizer:
                 for r in group:
                     self.reduce_parent[r] = (u.src[0], group)
         self.stacks = {u: self.canonical(u) for u in self.order}
+        self.position = {u: i for i, u in enumerate(self.order)}
         self.program: list[UOp] = []
         self.stack: list[UOp] = []
         self.blocks: list[set[UOp]] = [set()]  # values defined at each depth
@@ -68,7 +69,6 @@ class _Linearizer:
         return [r for r in self.loops if r.arg.axis <= deepest]
 
     def run(self) -> list[UOp]:
-        position = {u: i for i, u in enumerate(self.order)}
         waiting = {u: sum(1 for s in set(u.src) if not _trivial(s)) for u in self.order}
         users: dict[UOp, list[UOp]] = {}
         for u in self.order:
@@ -76,7 +76,7 @@ class _Linearizer:
                 users.setdefault(s, []).append(u)
         ready = [u for u in self.order if waiting[u] == 0]
         while ready:
-            u = min(ready, key=lambda c: self.preference(c, position[c]))
+            u = min(ready, key=lambda c: self.preference(c, self.position[c]))
             ready.remove(u)
             self.emit(u)
             for user in users.get(u, []):
@@ -99,26 +99,36 @@ class _Linearizer:
         return keep
 
     def emit(self, u: UOp) -> None:
-        """Place `u` in its loop stack; sources that died with a closed loop are recomputed.
-        Recomputing one source may close a loop that kills another (its index math lives
-        further out), so this repeats until every source is live, shallowest first."""
+        """Place `u` in its loop stack; sources that died with a closed loop are recomputed,
+        shallowest first: placing one may close a loop, killing deeper values, which are
+        then recomputed too (all these stacks are prefixes of u's, so deeper ones only open loops)."""
+        while dead := self.dead_sources(u):
+            self.place(min(dead, key=lambda s: (len(self.stacks[s]), self.position[s])))
+        self.place(u)
+
+    def dead_sources(self, u: UOp) -> set[UOp]:
+        """The values `u` needs (directly or through others) that are not live now. An
+        accumulator declared in a loop that had to close before its first update is declared
+        again; any other stateful op is never emitted twice."""
+        dead: set[UOp] = set()
+        todo = [u]
+        while todo:
+            for s in todo.pop().src:
+                if _trivial(s) or s in self.live or s in dead or s.op is Ops.ACC_UPDATE:  # an update is done
+                    continue
+                if s.op in STATEFUL and not (s.op is Ops.DEFINE_ACC and s not in self.updated):
+                    raise RuntimeError(f"linearize: {s.op.name} would be emitted twice")
+                dead.add(s)
+                todo.append(s)
+        return dead
+
+    def place(self, u: UOp) -> None:
         self.move_to(self.stacks[u])
-        while missing := self.dead_sources(u):
-            s = min(missing, key=lambda m: len(self.stacks[m]))
-            if s.op in STATEFUL and not (s.op is Ops.DEFINE_ACC and s not in self.updated):
-                raise RuntimeError(f"linearize: {s.op.name} would be emitted twice")
-            self.emit(s)  # an accumulator not yet updated is declared again in the new scope
-            self.move_to(self.stacks[u])
         self.program.append(u)
         if u.op is Ops.ACC_UPDATE:
             self.updated.add(u.src[0])
         self.live.add(u)
         self.blocks[-1].add(u)
-
-    def dead_sources(self, u: UOp) -> list[UOp]:
-        # an ACC_UPDATE source is done, not a value
-        return [s for s in dict.fromkeys(u.src)
-                if not _trivial(s) and s not in self.live and s.op is not Ops.ACC_UPDATE]  # fmt: skip
 
     def move_to(self, target: list[UOp]) -> None:
         keep = self.common_prefix(target)

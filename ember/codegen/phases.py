@@ -3,6 +3,7 @@
     early     simplify index math (symbolic rules); float16/bfloat16 math in float32
     optimize  choose loop order from the store's strides
     lower     REDUCE -> accumulator declared outside its loops, updated inside, read after
+              (an array of lane accumulators for column reductions: codegen/lanes.py)
 
 Each phase is a PatternMatcher (or a small function over the whole AST when it needs a
 global view, like loop order).
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
+from ember.codegen.lanes import MAX_LANES, innermost_loop, lane_copy, lane_range
 from ember.codegen.low_precision import pm_low_precision
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import AccArg, CheckArg, Ops, RangeArg, ScatterArg, UOp, normalize_const, substitute
@@ -20,12 +23,14 @@ from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from ember.uop.symbolic import linear_terms, pm_symbolic
 
 
-def full_rewrite(sink: UOp) -> UOp:
+def full_rewrite(sink: UOp, max_lanes: int = MAX_LANES) -> UOp:
+    """`max_lanes`: the most lane accumulators a reduction may keep (0: scalar accumulators only)."""
     sink = graph_rewrite(sink, pm_low_precision)  # early: Note: low-precision floats
     sink = graph_rewrite(sink, pm_symbolic)  # early
     sink = graph_rewrite(sink, pm_unique_reduce_ranges, ctx={})  # early
     sink = order_loops(sink)  # optimize
-    sink = graph_rewrite(sink, pm_lower_reduce, ctx=itertools.count())  # lower
+    lowering = ReduceLowering(itertools.count(), innermost_loop(sink), max_lanes)
+    sink = graph_rewrite(sink, pm_lower_reduce, ctx=lowering)  # lower
     sink = check_integer_division(sink)  # lower
     sink = graph_rewrite(sink, pm_symbolic + pm_checks)  # lower: fold what reduce lowering exposed
     return sink
@@ -129,25 +134,40 @@ def reduce_identity(combine: Ops, dtype: DType) -> int | float | bool:
     raise ValueError(f"no identity for reduction {combine}")
 
 
-def lower_reduce(ctx: itertools.count, red: UOp) -> UOp:
+@dataclass(frozen=True)
+class ReduceLowering:
+    ids: itertools.count  # accumulator ids
+    innermost_loop: UOp | None
+    max_lanes: int
+
+
+def lower_reduce(ctx: ReduceLowering, red: UOp) -> UOp:
     """REDUCE(value, *ranges) -> ACC_READ(acc, ACC_UPDATE(acc, value, *ranges)), where the
-    accumulator is declared in the scope of the result (so it restarts for each output)."""
+    accumulator is declared in the scope of the result (so it restarts for each output).
+    A column reduction keeps one accumulator per lane of the innermost loop instead
+    (Note: lane accumulators, codegen/lanes.py)."""
     value, reduce_ranges = red.src[0], red.src[1:]
-    arg = AccArg(red.arg, normalize_const(red.dtype, reduce_identity(red.arg, red.dtype)), next(ctx))
-    outer = tuple(sorted(red.ranges, key=lambda r: r.arg.axis))
-    acc = UOp(Ops.DEFINE_ACC, red.dtype, outer, arg)
-    update = UOp(Ops.ACC_UPDATE, red.dtype, (acc, value, *reduce_ranges))
-    return UOp(Ops.ACC_READ, red.dtype, (acc, update))
+    identity = normalize_const(red.dtype, reduce_identity(red.arg, red.dtype))
+    acc_id = next(ctx.ids)
+    lane = lane_range(red, ctx.innermost_loop, ctx.max_lanes)
+    outer = tuple(sorted(red.ranges - {lane}, key=lambda r: r.arg.axis))
+    if lane is None:
+        acc = UOp(Ops.DEFINE_ACC, red.dtype, outer, AccArg(red.arg, identity, acc_id))
+        return UOp(Ops.ACC_READ, red.dtype, (acc, UOp(Ops.ACC_UPDATE, red.dtype, (acc, value, *reduce_ranges))))
+    copy = lane_copy(lane, acc_id)
+    acc = UOp(Ops.DEFINE_ACC, red.dtype, outer, AccArg(red.arg, identity, acc_id, lane.src[0].arg))
+    update = UOp(Ops.ACC_UPDATE, red.dtype, (acc, substitute(value, {lane: copy}), *reduce_ranges, copy))
+    return UOp(Ops.ACC_READ, red.dtype, (acc, update, lane))
 
 
-def lower_scan(ctx: itertools.count, scan: UOp) -> UOp:
+def lower_scan(ctx: ReduceLowering, scan: UOp) -> UOp:
     """SCAN(value, r, *other ranges) -> ACC_RUNNING(acc, ACC_UPDATE(acc, value, r)): the
     accumulator is declared inside the other ranges' loops and outside the scan loop r, and read
     inside it after each update (Note: scans, lower/scans.py). Scans over one range share its loop."""
     value, scan_range = scan.src[:2]
     if scan_range.op is not Ops.RANGE:  # a scanned dim of size 1
         return value
-    arg = AccArg(scan.arg, normalize_const(scan.dtype, reduce_identity(scan.arg, scan.dtype)), next(ctx))
+    arg = AccArg(scan.arg, normalize_const(scan.dtype, reduce_identity(scan.arg, scan.dtype)), next(ctx.ids))
     outer = tuple(sorted(scan.ranges - {scan_range}, key=lambda r: r.arg.axis))
     acc = UOp(Ops.DEFINE_ACC, scan.dtype, outer, arg)
     return UOp(Ops.ACC_RUNNING, scan.dtype, (acc, UOp(Ops.ACC_UPDATE, scan.dtype, (acc, value, scan_range))))

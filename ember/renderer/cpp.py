@@ -336,7 +336,9 @@ def _reduction_name(combine: str, ctype: str) -> str:
 def loop_pragma(program: list[UOp], start: int, outermost: bool, parallel_threshold: int) -> str | None:
     """OpenMP for the loop opened at program[start]: `parallel for` on a large outermost
     loop, `simd` on an innermost one, with a reduction clause for each accumulator updated
-    inside and declared outside."""
+    inside and declared outside (but none on the lane loop of a lane accumulator, whose
+    iterations update distinct elements: Note: lane accumulators, codegen/lanes.py)."""
+    loop = program[start]
     innermost, updated, declared_inside, depth, scatters = True, [], set(), 0, False
     for u in program[start + 1 :]:
         if u.op is Ops.RANGE:
@@ -348,19 +350,25 @@ def loop_pragma(program: list[UOp], start: int, outermost: bool, parallel_thresh
         elif u.op is Ops.DEFINE_ACC:
             declared_inside.add(u)
         elif u.op is Ops.ACC_UPDATE and u.src[0] not in declared_inside and u.src[0] not in updated:
-            updated.append(u.src[0])
+            if not (u.src[0].arg.lanes > 1 and u.src[-1] is loop):
+                updated.append(u.src[0])
         elif u.op is Ops.ACC_RUNNING and u.src[0] not in declared_inside:
             return None  # a scan loop: each step reads the last one's accumulator (Note: scans)
         elif u.op is Ops.STORE and isinstance(u.arg, ScatterArg):
             scatters = True  # iterations may hit one element: threads (atomic stores), never SIMD lanes
-    size = program[start].src[0].arg
-    parallel = outermost and size > 1 and _work(program, program[start]) >= parallel_threshold
+    size = loop.src[0].arg
+    parallel = outermost and size > 1 and _work(program, loop) >= parallel_threshold
     simd = innermost and not scatters
     if not parallel and not simd:
         return None
     words = (["parallel for"] if parallel else []) + (["simd"] if simd else [])
-    clauses = [f"reduction({_clause_op(acc)}:acc{acc.arg.id})" for acc in updated]
+    clauses = [f"reduction({_clause_op(acc)}:{_acc_section(acc)})" for acc in updated]
     return "#pragma omp " + " ".join(words + clauses)
+
+
+def _acc_section(acc: UOp) -> str:
+    """An accumulator in a reduction clause: a scalar, or the whole array of a lane accumulator."""
+    return f"acc{acc.arg.id}[:{acc.arg.lanes}]" if acc.arg.lanes > 1 else f"acc{acc.arg.id}"
 
 
 def _clause_op(acc: UOp) -> str:
@@ -404,12 +412,14 @@ def _render_body(program: list[UOp], parallel_threshold: int, errors: list[Check
             lines.append(f"{pad}{ref(u.src[0])} = {ref(u.src[1])};")
         elif u.op is Ops.DEFINE_ACC:
             names[u] = f"acc{u.arg.id}"
-            lines.append(f"{pad}{u.dtype.ctype} acc{u.arg.id} = {render_const(u.arg.identity, u.dtype)};")
+            lines.extend(_declare_acc(u, pad))
         elif u.op is Ops.ACC_UPDATE:
-            acc = names[u.src[0]]
+            acc = names[u.src[0]] + (f"[{ref(u.src[-1])}]" if u.src[0].arg.lanes > 1 else "")
             combined = _combine(u.src[0].arg.combine, u.dtype, acc, ref(u.src[1]))
             lines.append(f"{pad}{acc} = {combined};")
-        elif u.op in (Ops.ACC_READ, Ops.ACC_RUNNING):
+        elif u.op is Ops.ACC_READ:
+            names[u] = names[u.src[0]] + (f"[{ref(u.src[2])}]" if u.src[0].arg.lanes > 1 else "")
+        elif u.op is Ops.ACC_RUNNING:
             names[u] = names[u.src[0]]
         elif u.op is Ops.CHECK:
             names[u] = ref(u.src[0])
@@ -419,6 +429,14 @@ def _render_body(program: list[UOp], parallel_threshold: int, errors: list[Check
             counter += 1
             lines.append(f"{pad}const {u.dtype.ctype} {names[u]} = {_expression(u, [ref(s) for s in u.src])};")
     return "\n".join(lines) + "\n"
+
+
+def _declare_acc(acc: UOp, pad: str) -> list[str]:
+    identity, name = render_const(acc.arg.identity, acc.dtype), f"acc{acc.arg.id}"
+    if acc.arg.lanes == 1:
+        return [f"{pad}{acc.dtype.ctype} {name} = {identity};"]
+    return [f"{pad}{acc.dtype.ctype} {name}[{acc.arg.lanes}];", f"{pad}#pragma omp simd",
+            f"{pad}for (int64_t i = 0; i < {acc.arg.lanes}; i++) {name}[i] = {identity};"]  # fmt: skip
 
 
 def _expression(u: UOp, srcs: list[str]) -> str:

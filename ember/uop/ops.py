@@ -40,6 +40,8 @@ class Ops(enum.Enum):
     SCAN = enum.auto()  # src: (value, scan RANGE, *other ranges); the running reduction up to the range; arg: combine
     ACC_RUNNING = enum.auto()  # src: (DEFINE_ACC, ACC_UPDATE); the accumulator inside the loop, after the update
     LOGADDEXP = enum.auto()  # combining op of logcumsumexp's accumulator only: log(exp(a) + exp(b))
+    # a lane accumulator (AccArg.lanes > 1, codegen/lanes.py) is an array: its ACC_UPDATE's last
+    # RANGE is the lane it updates, and its ACC_READ has a third src, the lane index it reads
     ENDRANGE = enum.auto()  # linearizer only: closes src[0]
     CHECK = enum.auto()  # src: (value, ok); the value, and a run-time error where `ok` is false; arg: CheckArg
     # unary
@@ -205,6 +207,7 @@ class AccArg:
     combine: Ops
     identity: Any
     id: int
+    lanes: int = 1  # > 1: an array of this many accumulators (Note: lane accumulators, codegen/lanes.py)
 
 
 @dataclass(frozen=True)
