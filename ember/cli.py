@@ -1,6 +1,7 @@
 """The `ember` command: demo, cache management.
 
 ember demo           compile a built-in program, show its kernel and wrapper, time it
+ember bench [...]    the side-by-side benchmark (eager, inductor, ember); flags as benchmarks/README.md
 ember cache clear    remove the on-disk cache (EMBER_CACHE_DIR or ~/.cache/ember)
 ember cache info     where the cache is and how big
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 from pathlib import Path
 
 
@@ -19,8 +21,12 @@ def main(argv: list[str] | None = None) -> None:
     explain = commands.add_parser("explain", help="run a script and explain what ember did with each graph")
     explain.add_argument("script")
     explain.add_argument("args", nargs=argparse.REMAINDER)
+    commands.add_parser("bench", help="benchmark eager, inductor and ember side by side (flags: ember bench -h)")
     cache = commands.add_parser("cache", help="manage the on-disk cache")
     cache.add_argument("action", choices=["clear", "info"])
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # every flag after `bench` belongs to the benchmark
+        return _bench(argv[1:])
     args = parser.parse_args(argv)
 
     if args.command == "demo":
@@ -41,6 +47,16 @@ def main(argv: list[str] | None = None) -> None:
         else:
             size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.exists() else 0
             print(f"{folder}: {size / 1e6:.1f} MB")
+
+
+def _bench(argv: list[str]) -> None:
+    try:  # the suite lives beside the package, in the repository checkout
+        from benchmarks.run import main as bench
+    except ImportError:
+        raise SystemExit(
+            "ember bench: run it from an ember repository checkout (benchmarks/ is not installed)"
+        ) from None
+    bench(argv)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 import ember
-from ember.codegen.kernel import build_kernel_ast
+from ember.codegen.kernel import KernelAST, build_kernel_ast
 from ember.codegen.linearize import linearize
 from ember.codegen.phases import full_rewrite
 from ember.config import Config
@@ -33,7 +33,7 @@ from ember.renderer.cpp import RenderedKernel, render
 from ember.runtime import graph_cache
 from ember.runtime.cache import content_hash
 from ember.runtime.cpu import CompiledKernel, compile_cpp, compiler_identity, simd_math_functions
-from ember.schedule import KernelStep, schedule
+from ember.schedule import KernelStep, graph_last_uses, schedule
 from ember.wrapper.python import KernelBinary, WrapperSource, generate_wrapper, load_wrapper
 
 
@@ -82,7 +82,8 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         steps = scheduled.steps
     debug.write("fusion.txt", describe_fusion(scheduled))
     with stage("codegen", timings):
-        rendered = {i: codegen_kernel(s, config) for i, s in enumerate(steps) if _has_work(s)}
+        dying = [{n: graph.buffers[n] for n in names} for names in graph_last_uses(graph, steps)]
+        rendered = {i: codegen_kernel(s, config, dying[i]) for i, s in enumerate(steps) if _has_work(s)}
     for kernel, _ in rendered.values():
         debug.write(f"kernels/{kernel.name}.cpp", kernel.source)
     with stage("runtime", timings):
@@ -148,24 +149,25 @@ def _has_work(step) -> bool:
     return isinstance(step, KernelStep) and any(c.buffer.layout.numel > 0 for c in step.group)
 
 
-def codegen_kernel(step: KernelStep, config: Config) -> tuple[RenderedKernel, tuple[str, ...]]:
-    """One kernel: AST, rewrite phases, linearize, render. Names the op when it fails."""
+def codegen_kernel(step: KernelStep, config: Config, dying: dict | None = None) -> tuple[RenderedKernel, KernelAST]:
+    """One kernel: AST, rewrite phases, linearize, render. Names the op when it fails.
+    `dying`: the buffers whose last use is this kernel (it may write over one of them)."""
     try:
-        ast = build_kernel_ast(step.group, step.stored)
+        ast = build_kernel_ast(step.group, step.stored, dying)
         sink = full_rewrite(ast.sink)
         program = linearize(sink)
         name = f"kernel_{sink.key[:16]}"
-        return render(name, program, ast.outputs, config.parallel_threshold, simd_math_functions()), ast.params
+        return render(name, program, ast.outputs, config.parallel_threshold, simd_math_functions()), ast
     except Exception as e:
         origins = ", ".join(o for c in step.group for o in c.origins)
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e
 
 
-def compile_kernels(rendered: dict[int, tuple[RenderedKernel, tuple[str, ...]]], config: Config) -> dict:
+def compile_kernels(rendered: dict[int, tuple[RenderedKernel, KernelAST]], config: Config) -> dict:
     """gcc runs in parallel: each compile is a subprocess, so threads are enough."""
     cache_dir = Path(config.cache_dir)
 
-    def build(item: tuple[RenderedKernel, tuple[str, ...]]) -> CompiledKernel:
+    def build(item: tuple[RenderedKernel, KernelAST]) -> CompiledKernel:
         kernel, _ = item
         return compile_cpp(kernel.source, kernel.name, cache_dir, config.cxx, ember.__version__)
 
@@ -177,5 +179,6 @@ def compile_kernels(rendered: dict[int, tuple[RenderedKernel, tuple[str, ...]]],
         metrics.code_cache_misses += not result.cache_hit
         # identical kernels share one loaded function: the symbol is a content hash
         errors = tuple((e.error, e.message) for e in rendered[i][0].errors)
-        binaries[i] = KernelBinary(result.symbol, str(result.path), result.symbol, rendered[i][1], errors)
+        ast = rendered[i][1]
+        binaries[i] = KernelBinary(result.symbol, str(result.path), result.symbol, ast.params, errors, ast.inplace)
     return binaries

@@ -19,7 +19,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from ember import config as config_module
 from ember.compile_graph import compile_graph
-from ember.lower.decompositions import decomposition_table
+from ember.lower.decompositions import corrected_autograd_kernels, decomposition_table
 from ember.metrics import metrics
 
 
@@ -28,7 +28,8 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
     config = config_module.load(**options)
     compiler = functools.partial(compile_or_fallback, config=config)
     backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler, decompositions=decomposition_table())
-    return backend(gm, example_inputs)
+    with corrected_autograd_kernels():
+        return backend(gm, example_inputs)
 
 
 def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config) -> Callable:

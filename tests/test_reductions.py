@@ -120,3 +120,27 @@ def test_reduction_read_at_two_positions_in_one_kernel():
 def test_large_reduction_accuracy():
     x = torch.rand(3_000_000) + 1000
     check(lambda x: (x.sum(), x.mean()), x)
+
+
+def test_reduction_of_broadcast_reductions_declares_each_accumulator_once():
+    # a row norm of a broadcast input depends on fewer loops than the sum that reads it
+    a, b = torch.randn(1, 2, 3), torch.randn(2, 1, 3)
+    check(lambda a, b: torch.nn.functional.cosine_similarity(a, b, dim=-1), a, b)
+    check(lambda a, b: torch.nn.functional.cosine_similarity(a, b, dim=1), torch.randn(4, 5, 1), torch.randn(4, 1, 6))
+
+
+def test_masked_variance_recomputes_index_math_after_a_loop_closes():
+    # mask index math hoisted out of an inner loop that closes for another reduction
+    x, mask = torch.randn(5, 5, 5), torch.rand(5, 1, 5) > 0.3
+    check(lambda x, m: torch.masked.var(x, mask=m.expand(5, 5, 5)), x, mask)
+    check(lambda x, m: torch.masked.std(x, 1, mask=m.expand(5, 5, 5)), x, mask)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_multilabel_margin_loss_ignores_slots_after_the_first_minus_one(reduction):
+    # torch's own decomposition counts those slots too (ember ships a corrected one)
+    x, target = torch.randn(3, 6), torch.tensor([[3, 0, -1, 1, 2, 4], [1, 2, 5, -1, 0, 0], [-1, 0, 0, 0, 0, 0]])
+    f = lambda x, t: torch.nn.functional.multilabel_margin_loss(x, t, reduction=reduction)
+    check(f, x, target)
+    check(f, torch.randn(6), torch.tensor([2, 5, -1, 0, 1, 3]))
+    assert ember.metrics.fallback_calls == 0

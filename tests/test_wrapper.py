@@ -1,5 +1,6 @@
 """Wrapper memory planning: reuse, frees, the planned peak, and no use after free."""
 
+import pytest
 import torch
 
 import ember
@@ -97,3 +98,40 @@ def test_reuse_keeps_results_correct_across_calls():
         torch.testing.assert_close(first, model(x))
         torch.testing.assert_close(second, model(x * 2))
     assert ember.metrics.graphs_compiled == 1
+
+
+def test_pointwise_kernel_writes_over_its_dying_input():
+    # the addmm result dies in the GELU kernel, which reads it at the index it stores: in place
+    model, x = linear_gelu_chain(), torch.randn(32, 64)
+    out, wrapper = compile_and_capture(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x))
+    extern = {b.name for line in wrapper.lines if isinstance(line, L.ExternCall) for b in line.outputs}
+    inplace = [line for line in wrapper.lines if isinstance(line, L.Reuse) and line.old.name in extern]
+    assert len(inplace) == 8
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda a, b: (lambda y: (y + 1) * (y.t() - 1))(a @ b),  # read at a transposed index too
+        lambda a, b: (lambda y: (y.relu(), y))(a @ b),  # returned: it lives on
+    ],
+)
+def test_no_inplace_when_the_input_is_read_elsewhere_or_lives_on(f):
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    out, wrapper = compile_and_capture(lambda a: f(a, b), a)
+    torch.testing.assert_close(out, f(a, b))
+    extern = {b.name for line in wrapper.lines if isinstance(line, L.ExternCall) for b in line.outputs}
+    assert extern and not [line for line in wrapper.lines if isinstance(line, L.Reuse) and line.old.name in extern]
+
+
+def test_inplace_chain_of_kernels_matches_eager():
+    def f(x):
+        a = x.sin() * 2  # realized: read twice below by kernels that the scheduler keeps apart
+        b = a.sum(1, keepdim=True)
+        return (a.cos() + b).relu()
+
+    x = torch.randn(64, 32)
+    out, _ = compile_and_capture(f, x)
+    torch.testing.assert_close(out, f(x))

@@ -8,12 +8,14 @@ computations in different graphs have identical ASTs, source and cache entries.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ember.ir import ComputedBuffer, IndexedStore
+from ember.ir import Buffer, ComputedBuffer, IndexedStore
 from ember.schedule.group import align, resolve_bodies
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import BufferArg, Ops, ScatterArg, UOp, substitute
+from ember.uop.pattern import graph_rewrite
+from ember.uop.symbolic import pm_symbolic
 
 
 @dataclass(frozen=True)
@@ -21,17 +23,69 @@ class KernelAST:
     sink: UOp
     params: tuple[str, ...]  # wrapper buffer name of parameter i
     outputs: frozenset[str]  # the params the kernel writes
+    inplace: dict[str, str] = field(default_factory=dict)  # output buffer -> dying input it overwrites
 
 
-def build_kernel_ast(group: list[ComputedBuffer | IndexedStore], stored: set[str] | None = None) -> KernelAST:
-    """Stores every member in `stored` (default: all); the others live only in registers."""
+def build_kernel_ast(
+    group: list[ComputedBuffer | IndexedStore], stored: set[str] | None = None, dying: dict[str, Buffer] | None = None
+) -> KernelAST:
+    """Stores every member in `stored` (default: all); the others live only in registers.
+    An output may be written over one of the `dying` inputs (Note: in-place kernels); a
+    store at computed positions mutates a buffer that exists already, and never does."""
     if len(group) == 1 and isinstance(group[0], IndexedStore):
         return _rename_buffers(indexed_store_sink(group[0]), frozenset({group[0].name}))
     stored = {c.name for c in group} if stored is None else stored
     sink = group_sink(group, stored)  # type: ignore[arg-type]
     if isinstance(sink, str):
         raise ValueError(sink)
-    return _rename_buffers(sink, frozenset(stored))
+    inplace = choose_inplace(sink, {c.name: c.buffer for c in group}, dying or {})
+    if inplace:
+        outs = {c.name: c.buffer for c in group}
+        sink = substitute(sink, {dying[v].uop(): outs[o].uop() for o, v in inplace.items()})  # type: ignore[index]
+    ast = _rename_buffers(sink, frozenset(stored))
+    return KernelAST(ast.sink, ast.params, ast.outputs, inplace)
+
+
+def choose_inplace(sink: UOp, members: dict[str, Buffer], dying: dict[str, Buffer]) -> dict[str, str]:
+    """Note: in-place kernels
+    A kernel output may take over the storage of an input that dies with this kernel (seed
+    003's decide_inplace_update) when every read of the input is at the very index the
+    output is stored at, and the output's own value makes that read: then each element is
+    read before it is overwritten, by the same iteration, and the load is one hash-consed
+    UOp emitted before the store. Kernels with reductions (and scans) are left alone: their
+    loop nests may recompute a load after a store. The input's buffer is renamed to the output's, so
+    the kernel sees one `__restrict__` pointer, never two aliasing ones."""
+    if not dying or any(u.op in (Ops.REDUCE, Ops.SCAN) for u in sink.toposort):
+        return {}
+    reads: dict[str, set[UOp]] = {}
+    for u in sink.toposort:
+        if u.op is Ops.INDEX and u.src[0].op is Ops.BUFFER and u.src[0].arg.name in dying:
+            reads.setdefault(u.src[0].arg.name, set()).add(_simplified(u.src[1]))
+    chosen: dict[str, str] = {}
+    for store in (s for s in sink.src if s.op is Ops.STORE):
+        target, value = store.src
+        out = members[target.src[0].arg.name]
+        read_by_value = {u.src[0].arg.name for u in value.toposort if u.op is Ops.INDEX and u.src[0].op is Ops.BUFFER}
+        for name, indexes in reads.items():
+            if name in chosen.values() or name not in read_by_value or not _can_overwrite(dying[name], out):
+                continue
+            if indexes == {_simplified(target.src[1])}:
+                chosen[out.name] = name
+                break
+    return chosen
+
+
+def _simplified(index: UOp) -> UOp:
+    return graph_rewrite(index, pm_symbolic)
+
+
+def _can_overwrite(victim: Buffer, out: Buffer) -> bool:
+    if victim.dtype != out.dtype:
+        return False
+    if victim.kind == "computed":  # allocated by the wrapper: its storage is exactly its layout's
+        return victim.layout.storage_size == out.layout.storage_size
+    # an aten result may be a view into a larger storage: only the very same elements
+    return victim.kind == "extern" and victim.layout == out.layout
 
 
 def group_sink(group: list[ComputedBuffer], stored: set[str]) -> UOp | str:

@@ -50,6 +50,7 @@ class _Linearizer:
         self.stack: list[UOp] = []
         self.blocks: list[set[UOp]] = [set()]  # values defined at each depth
         self.live: set[UOp] = set()
+        self.updated: set[UOp] = set()  # accumulators whose ACC_UPDATE was emitted
 
     def canonical(self, u: UOp) -> list[UOp]:
         """The loop stack `u` is placed in (Note: scopes and loop nests)."""
@@ -98,18 +99,26 @@ class _Linearizer:
         return keep
 
     def emit(self, u: UOp) -> None:
-        """Place `u` in its loop stack; sources that died with a closed loop are recomputed."""
+        """Place `u` in its loop stack; sources that died with a closed loop are recomputed.
+        Recomputing one source may close a loop that kills another (its index math lives
+        further out), so this repeats until every source is live, shallowest first."""
         self.move_to(self.stacks[u])
-        for s in u.src:
-            if _trivial(s) or s in self.live or s.op is Ops.ACC_UPDATE:  # an update is done, not a value
-                continue
-            if s.op in STATEFUL:
+        while missing := self.dead_sources(u):
+            s = min(missing, key=lambda m: len(self.stacks[m]))
+            if s.op in STATEFUL and not (s.op is Ops.DEFINE_ACC and s not in self.updated):
                 raise RuntimeError(f"linearize: {s.op.name} would be emitted twice")
-            self.emit(s)
+            self.emit(s)  # an accumulator not yet updated is declared again in the new scope
             self.move_to(self.stacks[u])
         self.program.append(u)
+        if u.op is Ops.ACC_UPDATE:
+            self.updated.add(u.src[0])
         self.live.add(u)
         self.blocks[-1].add(u)
+
+    def dead_sources(self, u: UOp) -> list[UOp]:
+        # an ACC_UPDATE source is done, not a value
+        return [s for s in dict.fromkeys(u.src)
+                if not _trivial(s) and s not in self.live and s.op is not Ops.ACC_UPDATE]  # fmt: skip
 
     def move_to(self, target: list[UOp]) -> None:
         keep = self.common_prefix(target)
@@ -125,11 +134,11 @@ class _Linearizer:
 
 def remove_dead_code(program: list[UOp]) -> list[UOp]:
     """Drop values computed early and never used (their users got a recomputed copy after a
-    loop closed), then loops left empty."""
+    loop closed; an accumulator declared before its loop had to close), then empty loops."""
     needed: set[UOp] = set()
     kept: list[UOp] = []
     for u in reversed(program):
-        if u.op in STATEFUL or u.op in (Ops.RANGE, Ops.ENDRANGE) or u in needed:
+        if u.op in (Ops.ACC_UPDATE, Ops.STORE, Ops.RANGE, Ops.ENDRANGE) or u in needed:
             needed.discard(u)
             needed.update(u.src)
             kept.append(u)

@@ -7,9 +7,12 @@ produces fewer, simpler UOps than the decomposition.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import torch
+from torch._C import DispatchKey
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 aten = torch.ops.aten
@@ -40,4 +43,49 @@ def decomposition_table() -> dict:
     for packet in LOWERED_DIRECTLY + KEPT_AS_EXTERN:
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)
+    table.update(CORRECTED)
     return table
+
+
+def multilabel_margin_loss_forward(input, target, reduction: int):
+    """torch's decomposition (2.13) sums the margin over every target slot, also those after
+    the first -1, which eager ignores; this one masks them. Same shapes and dtypes."""
+    orig_shape = input.shape
+    input, target = torch.atleast_2d(input), torch.atleast_2d(target)
+    dim = input.shape[1]
+    idx = torch.arange(dim, device=target.device)
+    end = torch.amin(torch.where(target == -1, idx, dim), dim=-1, keepdim=True)
+    valid = idx < end  # [batch, slot]: the slot holds a target
+    u = torch.gather(input, -1, torch.where(valid, target, 0))
+    is_target = torch.any(idx == torch.where(valid, target, -1).unsqueeze(-1), dim=1)
+    z = (1.0 - u.T.unsqueeze(-1) + input).clamp_min(0) / dim  # [slot, batch, class]
+    z = torch.where(is_target | ~valid.T.unsqueeze(-1), 0, z)
+    z = z.sum(dim=(0, -1))
+    if reduction == 1:  # mean
+        z = z.mean()
+    elif reduction == 2:  # sum
+        z = z.sum()
+    elif len(orig_shape) < 2:
+        z = z.reshape(())
+    return z, is_target.to(input.dtype).reshape(orig_shape)
+
+
+CORRECTED = {aten.multilabel_margin_loss_forward.default: multilabel_margin_loss_forward}
+
+
+@contextlib.contextmanager
+def corrected_autograd_kernels() -> Iterator[None]:
+    """Note: decompositions torch runs before ember's table
+    torch registers a few decompositions as Python kernels at the Autograd key; while
+    AOTAutograd traces they run before the decomposition table is consulted, so an entry
+    in CORRECTED alone would never be used. This swaps ours in for the trace, then back."""
+    swapped = {op: op.py_kernels[DispatchKey.Autograd] for op in CORRECTED if DispatchKey.Autograd in op.py_kernels}
+    try:
+        for op in swapped:
+            op.py_kernels[DispatchKey.Autograd] = CORRECTED[op]
+            op._dispatch_cache.clear()
+        yield
+    finally:
+        for op, kernel in swapped.items():
+            op.py_kernels[DispatchKey.Autograd] = kernel
+            op._dispatch_cache.clear()

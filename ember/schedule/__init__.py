@@ -89,6 +89,12 @@ def writes_of(step: Step) -> list[str]:
     return step.writes if isinstance(step, KernelStep) else [b.name for b in step.outputs]
 
 
+def graph_last_uses(graph: LoweredGraph, steps: list[Step]) -> list[list[str]]:
+    """`last_uses` of the wrapper's buffers: inputs, constants and outputs are never freed."""
+    outputs = {o.ref.name for o in graph.outputs if o.ref is not None}
+    return last_uses(steps, keep=outputs | {b.name for b in graph.inputs} | set(graph.constants))
+
+
 def last_uses(steps: list[Step], keep: set[str]) -> list[list[str]]:
     """For each step, the buffers whose last reader (or writer) it is, except those in `keep`."""
     freed: list[list[str]] = [[] for _ in steps]

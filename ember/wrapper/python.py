@@ -20,7 +20,7 @@ import torch
 
 from ember.ir import BufferRef, ExternCall, IndexedStore, LoweredGraph
 from ember.runtime.cache import content_hash, entry_path, write_atomic
-from ember.schedule import KernelStep, Step, last_uses
+from ember.schedule import KernelStep, Step, graph_last_uses
 from ember.wrapper import lines as L
 from ember.wrapper.plan import plan_memory
 
@@ -42,6 +42,7 @@ class KernelBinary:
     symbol: str
     params: tuple[str, ...]  # buffer names, in parameter order
     errors: tuple = ()  # (exception name, message) per error code, when the kernel can fail
+    inplace: dict[str, str] = field(default_factory=dict)  # output -> the dying input it overwrites
 
 
 @dataclass
@@ -56,18 +57,26 @@ def generate_wrapper(graph: LoweredGraph, steps: list[Step], kernels: dict[int, 
     objects: list[Any] = []
     buffers = {b.name: b for b in graph.buffers.values() if b.kind in ("input", "constant")}
     body: list[L.Line] = [L.AssertInput(b) for b in graph.inputs]
-    outputs = {o.ref.name for o in graph.outputs if o.ref is not None}
-    freed = last_uses(steps, keep=outputs | {b.name for b in graph.inputs} | set(graph.constants))
+    freed = graph_last_uses(graph, steps)
     for i, step in enumerate(steps):
         if isinstance(step, KernelStep):
+            inplace = kernels[i].inplace if i in kernels else {}
             for computed in step.group:
                 if computed.name in step.stored and not isinstance(computed, IndexedStore):  # it mutates
                     buffers[computed.name] = computed.buffer
-                    body.append(L.Allocate(computed.buffer))
+                    if computed.name in inplace:  # the kernel writes over a dying input
+                        body.append(L.Reuse(buffers[inplace[computed.name]], computed.buffer))
+                    else:
+                        body.append(L.Allocate(computed.buffer))
+            freed[i] = [name for name in freed[i] if name not in inplace.values()]
             if i in kernels:  # (a group of empty buffers has no kernel)
                 body.append(L.KernelCall(kernels[i].var, list(kernels[i].params), bool(kernels[i].errors)))
         else:
-            body += _extern_lines(step, buffers, graph, objects)
+            # an output nobody reads is never bound: its real shape may differ from its meta
+            # shape (aten's embedding_bag helpers), and checking it would fail for nothing
+            unused = {b.name for b in step.outputs if b.name in freed[i]}
+            body += _extern_lines(step, buffers, graph, objects, unused)
+            freed[i] = [name for name in freed[i] if name not in unused]
         body += [L.FreeIfNotReused(buffers[name]) for name in sorted(freed[i])]
     body.append(L.Return([_output_expr(o, buffers, graph, objects) for o in graph.outputs]))
     body, peak = plan_memory(body)
@@ -95,7 +104,7 @@ def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: 
     return "\n".join(head + call) + "\n"
 
 
-def _extern_lines(step: ExternCall, buffers: dict, graph: LoweredGraph, objects: list) -> list[L.Line]:
+def _extern_lines(step: ExternCall, buffers: dict, graph, objects: list, unused: set[str]) -> list[L.Line]:
     def arg_expr(value: Any) -> str:
         if isinstance(value, BufferRef):
             return L.tensor_expr(value, buffers[value.name].layout)
@@ -110,7 +119,7 @@ def _extern_lines(step: ExternCall, buffers: dict, graph: LoweredGraph, objects:
     if not single and step.outputs:
         # tuple results: pick each tensor by its position in the flattened result
         source = f"{step.outputs[0].name}_result"
-        lines += [L.Unpack(source, p, b) for p, b in zip(step.output_positions, step.outputs)]
+        lines += [L.Unpack(source, p, b) for p, b in zip(step.output_positions, step.outputs) if b.name not in unused]
         lines.append(L.Del([source]))
     return lines
 
