@@ -30,7 +30,8 @@ def build_kernel_ast(
     group: list[ComputedBuffer | IndexedStore], stored: set[str] | None = None, dying: dict[str, Buffer] | None = None
 ) -> KernelAST:
     """Stores every member in `stored` (default: all); the others live only in registers.
-    An output may be written over one of the `dying` inputs (Note: in-place kernels)."""
+    An output may be written over one of the `dying` inputs (Note: in-place kernels); a
+    store at computed positions mutates a buffer that exists already, and never does."""
     if len(group) == 1 and isinstance(group[0], IndexedStore):
         return _rename_buffers(indexed_store_sink(group[0]), frozenset({group[0].name}))
     stored = {c.name for c in group} if stored is None else stored
@@ -51,8 +52,8 @@ def choose_inplace(sink: UOp, members: dict[str, Buffer], dying: dict[str, Buffe
     003's decide_inplace_update) when every read of the input is at the very index the
     output is stored at, and the output's own value makes that read: then each element is
     read before it is overwritten, by the same iteration, and the load is one hash-consed
-    UOp emitted before the store. Kernels with reductions or scans are left alone: their loop nests
-    may recompute a load after a store. The input's buffer is renamed to the output's, so
+    UOp emitted before the store. Kernels with reductions (and scans) are left alone: their
+    loop nests may recompute a load after a store. The input's buffer is renamed to the output's, so
     the kernel sees one `__restrict__` pointer, never two aliasing ones."""
     if not dying or any(u.op in (Ops.REDUCE, Ops.SCAN) for u in sink.toposort):
         return {}
