@@ -92,10 +92,13 @@ TOLERANCE = {f32: (2e-5, 2e-5), f64: (1e-11, 1e-11)}
 @pytest.mark.parametrize("name", sorted(UNARY))
 @pytest.mark.parametrize("dtype", [f32, f64])
 def test_unary_special(name, dtype):
+    # Layouts reach every unary op through the same lowering (tested at length in test_ops.py);
+    # each variant here costs a kernel that includes special_math.h, so float64 runs one layout.
     fn, domain = UNARY[name]
     rtol, atol = TOLERANCE[dtype]
-    for x in variants(sample(domain, dtype)).values():
-        assert_matches_eager(fn, x, rtol=rtol, atol=atol)
+    cases = variants(sample(domain, dtype))
+    for layout in ("contiguous", "transposed", "0-d") if dtype == f32 else ("contiguous",):
+        assert_matches_eager(fn, cases[layout], rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("name", sorted(set(UNARY) - {"mvlgamma"}))
