@@ -30,6 +30,9 @@ class Config:
     graph_cache: bool = _flag(True, "EMBER_GRAPH_CACHE", False, "load graphs compiled before from the cache")
     explain_file: str = _flag("", "EMBER_EXPLAIN_FILE", False, "append each graph's explanation to this file")
     compile_threads: int = _flag(8, "EMBER_COMPILE_THREADS", False, "kernels compiled in parallel")
+    backend: str = _flag("auto", "EMBER_BACKEND", True,
+                         "auto: C++ for CPU graphs, Triton for CUDA; triton: Triton for CPU graphs too "
+                         "(under Triton's interpreter)")  # fmt: skip
 
     def cache_key(self) -> str:
         return repr([(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata["in_cache_key"]])

@@ -35,7 +35,7 @@ class Allocate:
     def render(self) -> str:
         b = self.buffer
         size = b.layout.size
-        return f"{b.name} = empty_strided({size}, {b.layout.stride}, dtype={to_torch(b.dtype)})"
+        return f"{b.name} = empty_strided({size}, {b.layout.stride}, dtype={to_torch(b.dtype)}, device=_device)"
 
 
 @dataclass
@@ -43,8 +43,13 @@ class KernelCall:
     kernel: str
     args: list[str]
     can_fail: bool = False  # the kernel reports errors through the wrapper's flag
+    triton: bool = False  # a Triton launcher: called with the tensors themselves
+    error_slot: int | None = None  # a Triton kernel that can fail: its slot in the device error flags
 
     def render(self) -> str:
+        if self.triton:
+            flag = [f"_gpu_errors.slot({self.error_slot})"] if self.error_slot is not None else []
+            return f"{self.kernel}({', '.join(self.args + flag)})"
         pointers = [f"{a}.data_ptr()" for a in self.args] + (["_error.address"] if self.can_fail else [])
         call = f"{self.kernel}({', '.join(pointers)})"
         return f"{call}; _error.check({self.kernel}_errors)" if self.can_fail else call
@@ -121,6 +126,17 @@ class Null:
 
 
 @dataclass
+class CheckGpuErrors:
+    """Raise what a Triton kernel of this call reported (one sync per call; Note: kernel
+    errors on the GPU, renderer/triton.py)."""
+
+    errors: list[list[tuple[str, str]]]  # per slot: (exception name, message) per error code
+
+    def render(self) -> str:
+        return f"_gpu_errors.check({self.errors!r})"
+
+
+@dataclass
 class Return:
     values: list[str]
 
@@ -128,4 +144,16 @@ class Return:
         return f"return ({''.join(v + ', ' for v in self.values)})"
 
 
-Line = AssertInput | Allocate | KernelCall | ExternCall | Unpack | FreeIfNotReused | Reuse | Del | Null | Return
+Line = (
+    AssertInput
+    | Allocate
+    | KernelCall
+    | CheckGpuErrors
+    | ExternCall
+    | Unpack
+    | FreeIfNotReused
+    | Reuse
+    | Del
+    | Null
+    | Return
+)

@@ -9,6 +9,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ember.runtime.cpu import load_kernel
+from ember.runtime.triton import TritonLauncher
 
 
 def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
@@ -18,12 +19,17 @@ def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
 
 
 __all__ = [
-    "KernelErrorFlag", "as_strided", "assert_layout", "empty_strided", "ensure_layout", "load_kernel", "tree_leaves",
+    "GpuErrorFlags", "KernelErrorFlag", "load_triton_kernel",
+    "as_strided", "assert_layout", "empty_strided", "ensure_layout", "load_kernel", "tree_leaves",
 ]  # fmt: skip
 
 
-def empty_strided(size, stride, dtype):
-    return torch.empty_strided(size, stride, dtype=dtype)
+def empty_strided(size, stride, dtype, device):
+    return torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+
+def load_triton_kernel(path: str, name: str, **launch) -> TritonLauncher:
+    return TritonLauncher(path, name, **launch)
 
 
 def assert_layout(t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype, name: str) -> None:
@@ -63,3 +69,23 @@ class KernelErrorFlag:
             self.flag.value = 0
             kind, message = errors[code - 1]
             raise getattr(builtins, kind, RuntimeError)(f"{message} (reported by an ember kernel)")
+
+
+class GpuErrorFlags:
+    """One device int32 per Triton kernel that can fail (Note: kernel errors on the GPU,
+    renderer/triton.py), allocated on first use and read once at the end of each call."""
+
+    def __init__(self, slots: int, device: torch.device) -> None:
+        self.flags = torch.zeros(slots, dtype=torch.int32, device=device)
+        self.views = [self.flags[i : i + 1] for i in range(slots)]
+
+    def slot(self, i: int) -> torch.Tensor:
+        return self.views[i]
+
+    def check(self, errors: list[list[tuple[str, str]]]) -> None:
+        codes = self.flags.tolist()
+        for slot, code in enumerate(codes):
+            if code:
+                self.flags.zero_()
+                kind, message = errors[slot][code - 1]
+                raise getattr(builtins, kind, RuntimeError)(f"{message} (reported by an ember kernel)")
