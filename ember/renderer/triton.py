@@ -354,6 +354,10 @@ class _Renderer:
         if u.op is Ops.CHECK:
             return self.check(u, phase)
         srcs = [self.value(s, phase) for s in u.src]
+        if all(s.op is Ops.CONST for s in u.src):  # a literal has no .to() and computes in Python
+            shape = self.block_shape(None)
+            srcs = [f"tl.full({shape}, {render_const(s.arg, dtypes.float32 if s.dtype.is_float else s.dtype)}, "
+                    f"{tl_type(s.dtype)})" for s in u.src]  # fmt: skip
         return self.emit(scope, render_alu(u, srcs))
 
     def range_text(self, r: UOp, phase: Phase | None) -> str:

@@ -30,7 +30,10 @@ def _elementwise(fn):
         with np.errstate(all="ignore"):
             data = fn(*(t.handle.data for t in tensors))
         data = np.asarray(data).astype(first.handle.data.dtype)
-        return tl.core.tensor(TensorHandle(data, first.dtype.scalar), first.type)
+        scalar = first.dtype.scalar
+        shape = [int(n) for n in data.shape]
+        block = tl.block_type(scalar, shape) if any(t.type.is_block() for t in tensors) else scalar
+        return tl.core.tensor(TensorHandle(data, scalar), block)
 
     return apply
 

@@ -76,10 +76,13 @@ class GpuErrorFlags:
     renderer/triton.py), allocated on first use and read once at the end of each call."""
 
     def __init__(self, slots: int, device: torch.device) -> None:
-        self.flags = torch.zeros(slots, dtype=torch.int32, device=device)
-        self.views = [self.flags[i : i + 1] for i in range(slots)]
+        self.slots, self.device = slots, device
+        self.views: list[torch.Tensor] = []  # made at the first call: wrappers load under fake mode
 
     def slot(self, i: int) -> torch.Tensor:
+        if not self.views:
+            self.flags = torch.zeros(self.slots, dtype=torch.int32, device=self.device)
+            self.views = [self.flags[j : j + 1] for j in range(self.slots)]
         return self.views[i]
 
     def check(self, errors: list[list[tuple[str, str]]]) -> None:
