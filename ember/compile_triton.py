@@ -67,6 +67,6 @@ def compile_triton_kernels(rendered: dict[int, tuple[TritonKernel, tuple[str, ..
         errors = tuple((e.error, e.message) for e in kernel.errors)
         written = [j for j, (_, _, w) in enumerate(kernel.params) if w]
         launch = {"variants": kernel.variants, "xnumel": kernel.xnumel, "rnumel": kernel.rnumel,
-                  "written": written, "interpret": interpret}  # fmt: skip
+                  "written": written, "interpret": interpret, "autotune": config.autotune}  # fmt: skip
         binaries[i] = KernelBinary(kernel.name, str(path), kernel.name, params, errors, launch)
     return binaries

@@ -33,6 +33,7 @@ class Config:
     backend: str = _flag("auto", "EMBER_BACKEND", True,
                          "auto: C++ for CPU graphs, Triton for CUDA; triton: Triton for CPU graphs too "
                          "(under Triton's interpreter)")  # fmt: skip
+    autotune: bool = _flag(True, "EMBER_AUTOTUNE", True, "time a few launch configurations per Triton kernel")
 
     def cache_key(self) -> str:
         return repr([(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata["in_cache_key"]])

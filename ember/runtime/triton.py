@@ -132,8 +132,8 @@ class TritonLauncher:
     """One kernel as the wrapper calls it: `launcher(*tensors)`."""
 
     def __init__(self, path: str, name: str, variants: list[str], xnumel: int, rnumel: int, written: list[int],
-                 interpret: bool) -> None:  # fmt: skip
-        self.path, self.name, self.variants = path, name, variants
+                 interpret: bool, autotune: bool = True) -> None:  # fmt: skip
+        self.path, self.name, self.variants, self.autotune = path, name, variants, autotune
         self.xnumel, self.rnumel, self.written, self.interpret = xnumel, rnumel, written, interpret
         self.module = import_module(path, interpret)
         self.config: LaunchConfig | None = None
@@ -157,7 +157,7 @@ class TritonLauncher:
 
     def choose(self, args: tuple) -> LaunchConfig:
         options = candidates(self.variants, self.xnumel, self.rnumel, self.interpret)
-        if self.interpret or len(options) == 1:
+        if self.interpret or not self.autotune or len(options) == 1:
             return options[0]
         import torch
 
