@@ -109,8 +109,10 @@ def main() -> None:
         if "bytes" not in row:
             print(f"  {row['name']}: {row['gb_per_s']:.0f} GB/s ({row['ms']:.3f} ms)")
             continue
-        cells = ", ".join(f"{c} {row[f'{c}_gb_per_s']:.0f} GB/s = {row[f'{c}_of_copy']:.2f}x copy ({row[f'{c}_ms']:.3f} ms)"
-                          for c in ("eager", "inductor", "ember"))  # fmt: skip
+        cells = ", ".join(
+            f"{c} {row[f'{c}_gb_per_s']:.0f} GB/s = {row[f'{c}_of_copy']:.2f}x copy ({row[f'{c}_ms']:.3f} ms)"
+            for c in ("eager", "inductor", "ember")
+        )
         print(f"  {row['name']}: {cells}; ember kernels {row['ember_kernels']}, "
               f"max error ember {row['ember_max_error']:.1e}")  # fmt: skip
     memory = peak_memory_report()
