@@ -97,8 +97,8 @@ def _binary(u: UOp, a: str, b: str) -> str:
     operand = u.src[0].dtype
     if u.op in INFIX:
         return f"({a} {INFIX[u.op]} {b})"
-    if u.op is Ops.FDIV:
-        return f"({a} / {b})"
+    if u.op is Ops.FDIV:  # IEEE division, as eager (Triton's float32 `/` is approximate)
+        return f"ember_div_rn({a}, {b})" if operand is dtypes.float32 else f"({a} / {b})"
     if u.op in (Ops.IDIV, Ops.MOD):
         symbol = "//" if u.op is Ops.IDIV else "%"
         if operand is dtypes.index:
@@ -133,8 +133,8 @@ def _unary(u: UOp, x: str) -> str:
         if u.dtype.is_bool:
             return f"({x} != 0)"
         return f"{x}.to({tl_type(u.dtype)})"
-    if u.op is Ops.NEG:
-        return f"(0 - {x})" if not source.is_float else f"(-{x})"
+    if u.op is Ops.NEG:  # Triton's unary minus is 0 - x, which loses the sign of zero
+        return f"(0 - {x})" if not source.is_float else f"({x} * -1.0)"
     if u.op is Ops.NOT:
         return f"({x} == 0)" if source.is_bool else f"(~{x})"
     if u.op is Ops.ABS:
@@ -143,6 +143,8 @@ def _unary(u: UOp, x: str) -> str:
         return f"({x} != {x})"
     if u.op is Ops.ISINF:
         return f"(tl.abs({x}) == float('inf'))"
+    if u.op is Ops.SQRT and source is not dtypes.float32:
+        return f"tl.sqrt({x})" if source.name not in HALF else f"tl.sqrt_rn({x}.to(tl.float32)).to({tl_type(u.dtype)})"
     fn = UNARY_CALLS.get(u.op)
     if fn is None:
         raise NotImplementedError(f"Triton renderer: no rendering for {u.op.name}")
@@ -158,6 +160,8 @@ def render_alu(u: UOp, srcs: list[str]) -> str:
         return _binary(u, *srcs)
     return _unary(u, srcs[0])
 
+
+TYPED_OPERANDS = frozenset({Ops.MAX, Ops.MIN, Ops.POW, Ops.ATAN2, Ops.FMOD, Ops.FDIV, Ops.SHL, Ops.SHR})
 
 REDUCE_CALLS = {Ops.ADD: "tl.sum", Ops.MAX: "ember_max", Ops.MIN: "ember_min", Ops.MUL: "ember_prod"}
 
@@ -202,12 +206,10 @@ def kernel_shape(sink: UOp) -> KernelShape:
     if not reduces:
         return KernelShape(tuple(loops), (), (), _numel(loops), 0)
     outer_set = frozenset().union(*(r.ranges for r in reduces))
+    if any(r.arg.reduce for r in outer_set):  # e.g. the mean over rows of a row's logsumexp
+        raise NotImplementedError("Triton renderer: a reduction inside another reduction's loop (not yet)")
     outer = tuple(r for r in loops if r in outer_set)
     inner = tuple(r for r in loops if r not in outer_set)
-    for red in reduces:
-        nested = [v for v in red.src[0].toposort if v.op is Ops.REDUCE and not v.ranges <= outer_set]
-        if nested:
-            raise NotImplementedError("Triton renderer: a reduction nested in another reduction's loop")
     extents = [_numel(red.src[1:]) for red in reduces] + ([_numel(inner)] if inner else [])
     return KernelShape(outer, inner, reduces, _numel(outer), max(extents))
 
@@ -354,6 +356,9 @@ class _Renderer:
         if u.op is Ops.CHECK:
             return self.check(u, phase)
         srcs = [self.value(s, phase) for s in u.src]
+        if u.op in TYPED_OPERANDS:  # Triton functions want tensors, not Python numbers
+            srcs = [t if s.op is not Ops.CONST or t.startswith("tl.full") else f"tl.full([], {t}, {tl_type(s.dtype)})"
+                    for t, s in zip(srcs, u.src)]  # fmt: skip
         if all(s.op is Ops.CONST for s in u.src):  # a literal has no .to() and computes in Python
             shape = self.block_shape(None)
             srcs = [f"tl.full({shape}, {render_const(s.arg, dtypes.float32 if s.dtype.is_float else s.dtype)}, "
@@ -478,9 +483,15 @@ def ember_prod(x, axis, keep_dims):
 
 
 @triton.jit
+def ember_div_rn(a, b):
+    a, b = tl.broadcast(a, b)
+    return tl.div_rn(a, b)
+
+
+@triton.jit
 def ember_ipow(a, b):
     # integer power by squaring, wrapping as eager; negative exponents as the CPU's ember_ipow
-    result = tl.full(a.shape, 1, a.dtype) if a.shape else 1
+    result = a * 0 + 1
     base = a
     e = b
     for _ in tl.static_range(64):

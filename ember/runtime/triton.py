@@ -110,11 +110,13 @@ def candidates(variants: list[str], xnumel: int, rnumel: int, interpret: bool) -
                 found.append(LaunchConfig("persistent", x, rcap, min(16, max(1, x * rcap // 256))))
         if rcap >= 4096:
             found.append(LaunchConfig("persistent", 1, rcap, 8))
+    found = _spread(found, 4)
     if rnumel > 1024 or "persistent" not in variants:
         found += [LaunchConfig("looped", 1, min(rcap, 2048), 8), LaunchConfig("looped", 1, min(rcap, 1024), 4)]
-        if xnumel >= 1024:
-            found.append(LaunchConfig("looped", min(64, xcap), min(rcap, 64), 8))
-    return _spread(list(dict.fromkeys(found)), 6)
+        if xnumel >= 64:  # many short rows or columns: several rows per program
+            found += [LaunchConfig("looped", min(8, xcap), min(rcap, 256), 8),
+                      LaunchConfig("looped", min(32, xcap), min(rcap, 64), 4)]  # fmt: skip
+    return list(dict.fromkeys(found))
 
 
 def _spread(found: list[LaunchConfig], most: int) -> list[LaunchConfig]:
@@ -123,6 +125,18 @@ def _spread(found: list[LaunchConfig], most: int) -> list[LaunchConfig]:
         return found
     step = (len(found) - 1) / (most - 1)
     return [found[round(i * step)] for i in range(most)]
+
+
+def torch_cuda_current_device() -> int:
+    import torch
+
+    return torch.cuda.current_device()
+
+
+def raw_stream(device: int) -> int:
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(device)
 
 
 # ---- the launcher ----------------------------------------------------------------------------
@@ -137,20 +151,37 @@ class TritonLauncher:
         self.xnumel, self.rnumel, self.written, self.interpret = xnumel, rnumel, written, interpret
         self.module = import_module(path, interpret)
         self.config: LaunchConfig | None = None
+        self.compiled: dict[tuple, Any] = {}  # pointer alignments -> compiled kernel
+        self.grid, self.constexprs, self.stream_device = 0, (), 0
 
     def __call__(self, *args: Any) -> None:
         if self.config is None:
             self.config = self.choose(args)
-        self.launch(self.config, args)
-
-    def launch(self, config: LaunchConfig, args: tuple) -> None:
-        fn = getattr(self.module, f"{self.name}_{config.variant}")
-        grid = ((self.xnumel + config.xblock - 1) // config.xblock,)
-        blocks = {"XBLOCK": config.xblock} | ({"RBLOCK": config.rblock} if config.rblock else {})
         if self.interpret:
-            fn[grid](*args, **blocks)
-        else:
-            fn[grid](*args, **blocks, num_warps=config.num_warps)
+            self.launch(self.config, args)
+            return
+        # Note: the fast launch. Triton's own launch path binds and specializes the arguments
+        # in Python on every call (tens of microseconds); after the first launch for an
+        # alignment of the pointers, the compiled kernel is called directly.
+        aligned = tuple(a.data_ptr() % 16 == 0 for a in args)
+        kernel = self.compiled.get(aligned)
+        if kernel is None:
+            self.compiled[aligned] = self.launch(self.config, args)
+            self.stream_device = torch_cuda_current_device()
+            return
+        stream = raw_stream(self.stream_device)
+        kernel.run(self.grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
+                   *args, *self.constexprs)  # fmt: skip
+
+    def launch(self, config: LaunchConfig, args: tuple) -> Any:
+        fn = getattr(self.module, f"{self.name}_{config.variant}")
+        self.grid = (self.xnumel + config.xblock - 1) // config.xblock
+        blocks = {"XBLOCK": config.xblock} | ({"RBLOCK": config.rblock} if config.rblock else {})
+        self.constexprs = tuple(blocks.values())
+        if self.interpret:
+            return fn[(self.grid,)](*args, **blocks)
+        # no FMA contraction: eager rounds a product and a sum separately
+        return fn[(self.grid,)](*args, **blocks, num_warps=config.num_warps, enable_fp_fusion=False)
 
     def tuning_path(self, device_name: str) -> Path:
         return Path(self.path).with_suffix(f".{content_hash(device_name)[:12]}.tune.json")
