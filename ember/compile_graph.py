@@ -95,7 +95,9 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         else:
             binaries = compile_kernels(rendered, config)
     with stage("wrapper", timings):
-        wrapper = generate_wrapper(graph, steps, binaries, device)
+        host_inputs = frozenset(b.name for b, x in zip(graph.inputs, example_inputs)
+                                if isinstance(x, torch.Tensor) and x.device != device)  # fmt: skip
+        wrapper = generate_wrapper(graph, steps, binaries, device, host_inputs)
         call, path = load_wrapper(wrapper, graph.constants, Path(config.cache_dir))
     debug.write("wrapper.py", wrapper.source)
     debug.write("timings.txt", "".join(f"{k:10s} {v:.4f}s\n" for k, v in timings.items()))

@@ -24,10 +24,11 @@ from ember.wrapper.python import KernelBinary
 
 
 def graph_device(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> torch.device:
-    """The device a graph computes on: its first tensor input's, else any node's, else the CPU."""
-    for x in example_inputs:
-        if isinstance(x, torch.Tensor):
-            return x.device
+    """The device a graph computes on: its first CUDA input's (a CPU 0-d tensor may come along,
+    as eager allows), else its first tensor input's, else any node's, else the CPU."""
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    for x in sorted(tensors, key=lambda t: t.device.type != "cuda"):
+        return x.device
     for node in gm.graph.nodes:
         value = node.meta.get("val")
         if isinstance(value, torch.Tensor):

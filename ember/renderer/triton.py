@@ -95,6 +95,8 @@ def render_const(value, dtype: DType) -> str:
 
 def _binary(u: UOp, a: str, b: str) -> str:
     operand = u.src[0].dtype
+    if operand.is_bool and u.op in (Ops.ADD, Ops.MUL):  # i1 arithmetic wraps; torch's bool + is or
+        return f"({a} {'|' if u.op is Ops.ADD else '&'} {b})"
     if u.op in INFIX:
         return f"({a} {INFIX[u.op]} {b})"
     if u.op is Ops.FDIV:  # IEEE division, as eager (Triton's float32 `/` is approximate)

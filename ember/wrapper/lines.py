@@ -29,6 +29,16 @@ class AssertInput:
 
 
 @dataclass
+class MoveToDevice:
+    """A CPU input of a CUDA graph (a 0-d tensor, which eager mixes in) moved to the graph's device."""
+
+    name: str
+
+    def render(self) -> str:
+        return f"{self.name} = {self.name}.to(_device)"
+
+
+@dataclass
 class Allocate:
     buffer: Buffer
 

@@ -29,7 +29,7 @@ HEADER = """\
 import torch
 from ember.wrapper.runtime import (
     GpuErrorFlags, KernelErrorFlag, as_strided, assert_layout, empty_strided, ensure_layout, load_kernel,
-    load_triton_kernel, tree_leaves,
+    constant_on, load_triton_kernel, tree_leaves,
 )
 
 aten = torch.ops.aten
@@ -54,13 +54,20 @@ class WrapperSource:
     lines: list = field(default_factory=list)
 
 
-def generate_wrapper(graph: LoweredGraph, steps: list[Step], kernels: dict[int, KernelBinary],
-                     device: torch.device | None = None) -> WrapperSource:  # fmt: skip
+def generate_wrapper(
+    graph: LoweredGraph,
+    steps: list[Step],
+    kernels: dict[int, KernelBinary],
+    device: torch.device | None = None,
+    host_inputs: frozenset[str] = frozenset(),
+) -> WrapperSource:
+    """`host_inputs`: inputs of a CUDA graph that come on the CPU (0-d tensors, as eager allows)."""  # fmt: skip
     device = device or torch.device("cpu")
     objects: list[Any] = []
     gpu_errors: list[list[tuple[str, str]]] = []
     buffers = {b.name: b for b in graph.buffers.values() if b.kind in ("input", "constant")}
     body: list[L.Line] = [L.AssertInput(b) for b in graph.inputs]
+    body += [L.MoveToDevice(b.name) for b in graph.inputs if b.name in host_inputs]
     outputs = {o.ref.name for o in graph.outputs if o.ref is not None}
     freed = last_uses(steps, keep=outputs | {b.name for b in graph.inputs} | set(graph.constants))
     for i, step in enumerate(steps):
@@ -110,7 +117,8 @@ def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: 
         call.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args")
     call.append("    args.clear()")
     for c in graph.constants:
-        call.append(f"    {c} = _constants[{c!r}]")
+        cuda = device.type == "cuda"
+        call.append(f"    {c} = constant_on(_constants, {c!r}, _device)" if cuda else f"    {c} = _constants[{c!r}]")
     for line in body:
         call += ["    " + text for text in line.render().splitlines() if text]
     return "\n".join(head + call) + "\n"

@@ -19,13 +19,21 @@ def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
 
 
 __all__ = [
-    "GpuErrorFlags", "KernelErrorFlag", "load_triton_kernel",
+    "GpuErrorFlags", "KernelErrorFlag", "load_triton_kernel", "constant_on",
     "as_strided", "assert_layout", "empty_strided", "ensure_layout", "load_kernel", "tree_leaves",
 ]  # fmt: skip
 
 
 def empty_strided(size, stride, dtype, device):
     return torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+
+def constant_on(constants: dict, name: str, device: torch.device) -> torch.Tensor:
+    """A graph constant on the graph's device (moved once; eager mixes CPU scalars in freely)."""
+    value = constants[name]
+    if isinstance(value, torch.Tensor) and value.device != device:
+        value = constants[name] = value.to(device)
+    return value
 
 
 def load_triton_kernel(path: str, name: str, **launch) -> TritonLauncher:
