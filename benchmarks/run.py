@@ -1,7 +1,11 @@
 """The side-by-side benchmark: eager vs inductor vs ember on every workload of `benchmarks.suite`.
 
     python -m benchmarks.run [--models a,b] [--compilers eager,ember] [--repeat N] [--json out.json]
-                             [--quick] [--strict] [--no-warm]
+                             [--quick] [--strict] [--no-warm] [--device cuda]
+
+`--device cuda` runs every workload on the GPU at GPU sizes (batch x16, `on_device`), TF32
+off for every compiler, synchronizing after each timed call; benchmarks/gpu.py adds the
+per-kernel bandwidth and peak-memory reports.
 
 For each workload, in one process:
     1. cold compile: each compiler's first call, timed, with empty caches (a fresh
@@ -204,6 +208,34 @@ def copy_step(workload: suite.Workload) -> Callable[[], Any]:
     return lambda: destination.copy_(source)
 
 
+GPU_BATCH_SCALE = 16
+
+
+def on_device(workload: suite.Workload, device: str, scale: int = GPU_BATCH_SCALE) -> suite.Workload:
+    """The workload on `device`, every input repeated `scale` times along dim 0 (the batch; the
+    element count of the 1-D micro-benchmarks)."""
+    if device == "cpu":
+        return workload
+    model = workload.model.to(device) if isinstance(workload.model, torch.nn.Module) else workload.model
+    inputs = tuple(
+        x.repeat(scale, *[1] * (x.dim() - 1)).to(device) if isinstance(x, torch.Tensor) and x.dim() else x
+        for x in workload.inputs
+    )
+    moved = workload.bytes_moved * scale if workload.bytes_moved is not None else None
+    return workload._replace(model=model, inputs=inputs, bytes_moved=moved)
+
+
+def synchronized(step: Callable[[], Any]) -> Callable[[], Any]:
+    """A CUDA step that returns once the GPU finished it (so host timers time the GPU work)."""
+
+    def run() -> Any:
+        out = step()
+        torch.cuda.synchronize()
+        return out
+
+    return run
+
+
 def benchmark_workload(workload: suite.Workload, args: argparse.Namespace, cache_dir: Path) -> ModelResult:
     result = ModelResult(workload.name)
     steps: dict[str, Callable] = {}
@@ -212,6 +244,8 @@ def benchmark_workload(workload: suite.Workload, args: argparse.Namespace, cache
         compiled = compile_cold(workload, compiler, result)
         if compiled is not None:
             steps[compiler], outputs[compiler] = compiled
+            if args.device == "cuda":
+                steps[compiler] = synchronized(steps[compiler])
     result.graph_breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
     if "eager" not in steps:
         return result
@@ -220,7 +254,7 @@ def benchmark_workload(workload: suite.Workload, args: argparse.Namespace, cache
         result.correct[compiler], result.max_error[compiler] = compare(out, reference)
     del outputs, reference
     if workload.bytes_moved is not None:
-        steps["copy_"] = copy_step(workload)
+        steps["copy_"] = copy_step(workload) if args.device == "cpu" else synchronized(copy_step(workload))
     record_timings(result, steps, workload, args)
     if "ember" in steps and args.warm:
         result.warm_compile_s = warm_compile_seconds(workload.name, cache_dir / "ember", args, result)
@@ -286,9 +320,9 @@ def fresh_compile_state(cache_dir: Path) -> None:
         inductor.clear_caches()
 
 
-def warm_up_process(compilers: list[str], scratch: Path) -> None:
+def warm_up_process(compilers: list[str], scratch: Path, device: str = "cpu") -> None:
     """Pays each compiler's one-time costs on a trivial function (Note: compile time)."""
-    x = torch.randn(64, 64)
+    x = torch.randn(64, 64, device=device)
     for compiler in compilers:
         if compiler == "eager":
             continue
@@ -307,6 +341,7 @@ def warm_compile_seconds(name: str, ember_cache: Path, args, result: ModelResult
     command = [sys.executable, "-m", "benchmarks.run", "--models", name, "--compile-only"]
     command += ["--quick"] if args.quick else []
     command += ["--strict"] if args.strict else []
+    command += ["--device", args.device]
     env = {**os.environ, "EMBER_CACHE_DIR": str(ember_cache)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     try:
@@ -333,13 +368,14 @@ def compile_only(args: argparse.Namespace) -> None:
     print the first call's time as one JSON line (read by warm_compile_seconds)."""
     ember_cache = os.environ.get("EMBER_CACHE_DIR")
     with tempfile.TemporaryDirectory(prefix="ember-bench-warm-up-") as scratch:
-        warm_up_process(["ember"], Path(scratch))
+        warm_up_process(["ember"], Path(scratch), args.device)
     if ember_cache is not None:
         os.environ["EMBER_CACHE_DIR"] = ember_cache
     for name in args.models:
         workload = suite.build(name, args.quick)
         if workload is None:
             continue
+        workload = on_device(workload, args.device)
         result = ModelResult(name)
         if compile_cold(workload, "ember", result) is None:
             raise SystemExit(f"ember failed on {name}: {result.errors['ember']}")
@@ -359,9 +395,10 @@ def run_suite(args: argparse.Namespace) -> list[ModelResult]:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ember-bench-")))
         # The cache folders set per workload do not outlive the run.
         stack.enter_context(environment(EMBER_STRICT=strict, EMBER_CACHE_DIR="", TORCHINDUCTOR_CACHE_DIR=""))
-        warm_up_process(args.compilers, root)
+        warm_up_process(args.compilers, root, args.device)
         for name in args.models:
             workload = suite.build(name, args.quick)
+            workload = on_device(workload, args.device) if workload is not None else None
             if workload is None:
                 print(f"skipping {name}: `transformers` is not installed (pip install transformers)")
                 continue
@@ -587,7 +624,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--strict", action="store_true", help="EMBER_STRICT=1: a failing graph fails the model")
     parser.add_argument("--warm", action=argparse.BooleanOptionalAction, default=True, help="measure warm compile")
     parser.add_argument("--compile-only", action="store_true", help="internal: ember cold compile of --models")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: GPU sizes (batch x16)")
     args = parser.parse_args(argv)
+    if args.device == "cuda":  # fp32 means fp32 for every compiler: no TF32 in cuBLAS or cuDNN
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in args.models if m not in suite.WORKLOADS]
     if unknown:

@@ -24,6 +24,7 @@ import ember
 from ember.codegen.kernel import KernelAST, build_kernel_ast
 from ember.codegen.linearize import linearize
 from ember.codegen.phases import full_rewrite
+from ember.compile_triton import codegen_triton_kernel, compile_triton_kernels, graph_backend, graph_device
 from ember.config import Config
 from ember.debug.log import DebugDump, describe_fusion, describe_ir
 from ember.errors import EmberError
@@ -81,15 +82,25 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         scheduled = schedule(graph, fusion=config.fusion)
         steps = scheduled.steps
     debug.write("fusion.txt", describe_fusion(scheduled))
+    device = graph_device(gm, example_inputs)
     with stage("codegen", timings):
-        dying = [{n: graph.buffers[n] for n in names} for names in graph_last_uses(graph, steps)]
-        rendered = {i: codegen_kernel(s, config, dying[i]) for i, s in enumerate(steps) if _has_work(s)}
+        backend = graph_backend(device, config)
+        if backend == "triton":
+            rendered = {i: codegen_triton_kernel(s) for i, s in enumerate(steps) if _has_work(s)}
+        else:
+            dying = [{n: graph.buffers[n] for n in names} for names in graph_last_uses(graph, steps)]
+            rendered = {i: codegen_kernel(s, config, dying[i]) for i, s in enumerate(steps) if _has_work(s)}
     for kernel, _ in rendered.values():
-        debug.write(f"kernels/{kernel.name}.cpp", kernel.source)
+        debug.write(f"kernels/{kernel.name}.{'py' if backend == 'triton' else 'cpp'}", kernel.source)
     with stage("runtime", timings):
-        binaries = compile_kernels(rendered, config)
+        if backend == "triton":
+            binaries = compile_triton_kernels(rendered, config, interpret=device.type == "cpu")
+        else:
+            binaries = compile_kernels(rendered, config)
     with stage("wrapper", timings):
-        wrapper = generate_wrapper(graph, steps, binaries)
+        host_inputs = frozenset(b.name for b, x in zip(graph.inputs, example_inputs)
+                                if isinstance(x, torch.Tensor) and x.device != device)  # fmt: skip
+        wrapper = generate_wrapper(graph, steps, binaries, device, host_inputs)
         call, path = load_wrapper(wrapper, graph.constants, Path(config.cache_dir))
     debug.write("wrapper.py", wrapper.source)
     debug.write("timings.txt", "".join(f"{k:10s} {v:.4f}s\n" for k, v in timings.items()))

@@ -32,6 +32,10 @@ class Config:
     fallback_random: bool = _flag(False, "EMBER_FALLBACK_RANDOM", True,
                                   "random ops call aten: eager's generator and values, no fusion")  # fmt: skip
     compile_threads: int = _flag(8, "EMBER_COMPILE_THREADS", False, "kernels compiled in parallel")
+    backend: str = _flag("auto", "EMBER_BACKEND", True,
+                         "auto: C++ for CPU graphs, Triton for CUDA; triton: Triton for CPU graphs too "
+                         "(under Triton's interpreter)")  # fmt: skip
+    autotune: bool = _flag(True, "EMBER_AUTOTUNE", True, "time a few launch configurations per Triton kernel")
 
     def cache_key(self) -> str:
         return repr([(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata["in_cache_key"]])

@@ -1,6 +1,12 @@
 import os
 
 import pytest
+import torch
+
+# Without a GPU the Triton renderer's tests run under Triton's interpreter, which must be
+# switched on before triton is imported (tests/test_triton.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Tests run strict: a graph that fails to compile is an error, never a silent eager run.
 os.environ.setdefault("EMBER_STRICT", "1")

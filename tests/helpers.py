@@ -6,6 +6,7 @@ kernels are not always deterministic); dtypes and shapes with eager on the input
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -23,9 +24,20 @@ def compile_fn(fn: Callable) -> Callable:
     return torch.compile(fn, backend="ember", dynamic=False)
 
 
+def test_device() -> str:
+    """EMBER_TEST_DEVICE=cuda runs every `check` on the GPU (Triton kernels); eager stays the
+    reference on the CPU."""
+    return os.environ.get("EMBER_TEST_DEVICE", "cpu")
+
+
+def to_test_device(x):
+    return x.to(test_device()) if isinstance(x, torch.Tensor) and test_device() != "cpu" else x
+
+
 def check(fn: Callable, *inputs, rtol: float = 1.3e-5, atol: float = 1e-5):
     """Run `fn` compiled by ember and eagerly; assert they agree. Returns ember's result."""
-    actual = compile_fn(fn)(*inputs)
+    actual = compile_fn(fn)(*tree_map(to_test_device, inputs))
+    actual = tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, actual)
     same_dtype = fn(*inputs)
     upcast_result = fn(*tree_map(upcast, inputs))
     got, _ = tree_flatten(actual)

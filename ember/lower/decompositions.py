@@ -22,7 +22,10 @@ LOWERED_DIRECTLY = [aten.gelu, aten.hardtanh]
 # Extern kernels by design. The flash-attention forward must also stay whole: its
 # decomposition returns a logsumexp its (extern) backward does not accept, which gives
 # wrong gradients.
-KEPT_AS_EXTERN = [aten._scaled_dot_product_flash_attention_for_cpu]
+KEPT_AS_EXTERN = [
+    aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_cudnn_attention,
+]  # fmt: skip
 
 # Core aten ops that are composites of reductions and pointwise ops ember lowers.
 EXTRA = [

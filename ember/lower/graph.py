@@ -34,6 +34,11 @@ EXTERN_KERNELS = {
     torch.ops.aten.convolution, torch.ops.aten.convolution_backward,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    # CUDA attention kernels (flash, memory-efficient, cuDNN) and their backwards
+    torch.ops.aten._scaled_dot_product_flash_attention, torch.ops.aten._scaled_dot_product_flash_attention_backward,
+    torch.ops.aten._scaled_dot_product_efficient_attention,
+    torch.ops.aten._scaled_dot_product_efficient_attention_backward,
+    torch.ops.aten._scaled_dot_product_cudnn_attention, torch.ops.aten._scaled_dot_product_cudnn_attention_backward,
 }  # fmt: skip
 
 VIEW_OPS = {

@@ -311,7 +311,8 @@ def lower_hardtanh(ctx: LoweringContext, node: torch.fx.Node, x, low=-1.0, high=
 @register(aten._to_copy.default)
 def lower_to_copy(ctx: LoweringContext, node: torch.fx.Node, x, **kwargs) -> TensorValue:
     meta = out_meta(node)
-    if meta.device.type != "cpu":
+    source = node.args[0].meta["val"].device if isinstance(node.args[0], torch.fx.Node) else meta.device
+    if meta.device != source:
         raise Unsupported("copies to another device go through aten")
     result = from_torch(meta.dtype)
     return TensorValue(x.shape, result, x.body.cast(result))

@@ -33,7 +33,7 @@ class GraphSummary:
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], config_key: str, versions: str) -> str:
     inputs = [
-        (tuple(x.shape), tuple(x.stride()), str(x.dtype), x.device.type) if isinstance(x, torch.Tensor) else repr(x)
+        (tuple(x.shape), tuple(x.stride()), str(x.dtype), str(x.device)) if isinstance(x, torch.Tensor) else repr(x)
         for x in example_inputs
     ]
     return content_hash(gm.code, repr(inputs), _constants_digest(gm), config_key, versions, torch.__version__)

@@ -29,13 +29,23 @@ class AssertInput:
 
 
 @dataclass
+class MoveToDevice:
+    """A CPU input of a CUDA graph (a 0-d tensor, which eager mixes in) moved to the graph's device."""
+
+    name: str
+
+    def render(self) -> str:
+        return f"{self.name} = {self.name}.to(_device)"
+
+
+@dataclass
 class Allocate:
     buffer: Buffer
 
     def render(self) -> str:
         b = self.buffer
         size = b.layout.size
-        return f"{b.name} = empty_strided({size}, {b.layout.stride}, dtype={to_torch(b.dtype)})"
+        return f"{b.name} = empty_strided({size}, {b.layout.stride}, dtype={to_torch(b.dtype)}, device=_device)"
 
 
 @dataclass
@@ -54,8 +64,13 @@ class KernelCall:
     kernel: str
     args: list[str]
     can_fail: bool = False  # the kernel reports errors through the wrapper's flag
+    triton: bool = False  # a Triton launcher: called with the tensors themselves
+    error_slot: int | None = None  # a Triton kernel that can fail: its slot in the device error flags
 
     def render(self) -> str:
+        if self.triton:
+            flag = [f"_gpu_errors.slot({self.error_slot})"] if self.error_slot is not None else []
+            return f"{self.kernel}({', '.join(self.args + flag)})"
         pointers = [f"{a}.data_ptr()" for a in self.args] + (["_error.address"] if self.can_fail else [])
         call = f"{self.kernel}({', '.join(pointers)})"
         return f"{call}; _error.check({self.kernel}_errors)" if self.can_fail else call
@@ -132,6 +147,17 @@ class Null:
 
 
 @dataclass
+class CheckGpuErrors:
+    """Raise what a Triton kernel of this call reported (one sync per call; Note: kernel
+    errors on the GPU, renderer/triton.py)."""
+
+    errors: list[list[tuple[str, str]]]  # per slot: (exception name, message) per error code
+
+    def render(self) -> str:
+        return f"_gpu_errors.check({self.errors!r})"
+
+
+@dataclass
 class Return:
     values: list[str]
 
@@ -140,5 +166,16 @@ class Return:
 
 
 Line = (
-    AssertInput | DrawSeed | Allocate | KernelCall | ExternCall | Unpack | FreeIfNotReused | Reuse | Del | Null | Return
+    AssertInput
+    | DrawSeed
+    | Allocate
+    | KernelCall
+    | CheckGpuErrors
+    | ExternCall
+    | Unpack
+    | FreeIfNotReused
+    | Reuse
+    | Del
+    | Null
+    | Return
 )

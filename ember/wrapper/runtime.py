@@ -9,6 +9,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ember.runtime.cpu import load_kernel
+from ember.runtime.triton import TritonLauncher
 
 
 def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
@@ -18,8 +19,8 @@ def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
 
 
 __all__ = [
-    "KernelErrorFlag", "as_strided", "assert_layout", "empty_strided", "ensure_layout", "load_kernel", "random_seed",
-    "tree_leaves",
+    "GpuErrorFlags", "KernelErrorFlag", "load_triton_kernel", "constant_on", "random_seed",
+    "as_strided", "assert_layout", "empty_strided", "ensure_layout", "load_kernel", "tree_leaves",
 ]  # fmt: skip
 
 
@@ -33,8 +34,20 @@ def random_seed() -> torch.Tensor:
 SEED_BOUND = 2**63 - 1
 
 
-def empty_strided(size, stride, dtype):
-    return torch.empty_strided(size, stride, dtype=dtype)
+def empty_strided(size, stride, dtype, device):
+    return torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+
+def constant_on(constants: dict, name: str, device: torch.device) -> torch.Tensor:
+    """A graph constant on the graph's device (moved once; eager mixes CPU scalars in freely)."""
+    value = constants[name]
+    if isinstance(value, torch.Tensor) and value.device != device:
+        value = constants[name] = value.to(device)
+    return value
+
+
+def load_triton_kernel(path: str, name: str, **launch) -> TritonLauncher:
+    return TritonLauncher(path, name, **launch)
 
 
 def assert_layout(t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype, name: str) -> None:
@@ -74,3 +87,26 @@ class KernelErrorFlag:
             self.flag.value = 0
             kind, message = errors[code - 1]
             raise getattr(builtins, kind, RuntimeError)(f"{message} (reported by an ember kernel)")
+
+
+class GpuErrorFlags:
+    """One device int32 per Triton kernel that can fail (Note: kernel errors on the GPU,
+    renderer/triton.py), allocated on first use and read once at the end of each call."""
+
+    def __init__(self, slots: int, device: torch.device) -> None:
+        self.slots, self.device = slots, device
+        self.views: list[torch.Tensor] = []  # made at the first call: wrappers load under fake mode
+
+    def slot(self, i: int) -> torch.Tensor:
+        if not self.views:
+            self.flags = torch.zeros(self.slots, dtype=torch.int32, device=self.device)
+            self.views = [self.flags[j : j + 1] for j in range(self.slots)]
+        return self.views[i]
+
+    def check(self, errors: list[list[tuple[str, str]]]) -> None:
+        codes = self.flags.tolist()
+        for slot, code in enumerate(codes):
+            if code:
+                self.flags.zero_()
+                kind, message = errors[slot][code - 1]
+                raise getattr(builtins, kind, RuntimeError)(f"{message} (reported by an ember kernel)")

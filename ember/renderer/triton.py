@@ -1,0 +1,530 @@
+"""Stage `renderer` (GPU): a kernel AST -> Triton source (one module, one or two variants).
+
+The Triton renderer takes the AST after the symbolic phases but before `pm_lower_reduce`
+(which lowers REDUCE to scalar accumulators in CPU loops): Triton computes on blocks, so a
+REDUCE stays a reduction over a block axis.
+
+Note: blocks for a kernel AST
+    The loop ranges a REDUCE varies with are the *outer* ranges; flattened, they index the
+    x axis: program `pid` owns x positions pid*XBLOCK + arange(XBLOCK). A kernel with no
+    REDUCE is all outer ranges (pointwise: blocks of shape [XBLOCK]). Otherwise blocks are
+    [XBLOCK, RBLOCK]: each REDUCE is one *phase* over its own reduce ranges, flattened onto
+    the r axis and reduced to [XBLOCK, 1]; then the stores that vary with the remaining
+    loop ranges (the *inner* ranges: softmax's normalizing pass over the row) are one more
+    phase over those. A value is computed in the scope of the ranges it varies with: outer
+    values once per program, phase values inside their phase. The *persistent* variant
+    takes a whole row in one block (RBLOCK >= every phase's extent), so the phases share
+    one `rindex` and identical loads in two phases are one load (expressions are
+    deduplicated by their text); the *looped* variant walks each phase in RBLOCK steps,
+    with a block accumulator per REDUCE. The launcher (runtime/triton.py) times both.
+
+Note: kernel errors on the GPU
+    As on the CPU (Note: kernel errors, renderer/cpp.py) a failed CHECK computes on with
+    its safe value and stores its code (1 + position in `errors`) in `ember_error[0]`, a
+    device int32 the wrapper reads after the graph ran. Only active lanes report: masked
+    tail lanes compute on padding and must not.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ember.codegen.phases import check_integer_division, order_loops, pm_checks, pm_unique_reduce_ranges
+from ember.uop.dtypes import DType, dtypes
+from ember.uop.ops import CheckArg, Ops, UOp
+from ember.uop.pattern import graph_rewrite
+from ember.uop.symbolic import pm_symbolic
+
+PERSISTENT_LIMIT = 16384  # the largest row a persistent variant keeps in one block
+
+TL_TYPES = {
+    "bool": "tl.int1", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32", "int64": "tl.int64",
+    "uint8": "tl.uint8", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
+    "float64": "tl.float64", "index": "tl.int64",
+}  # fmt: skip
+
+
+def tl_type(dtype: DType) -> str:
+    if dtype.name not in TL_TYPES:
+        raise NotImplementedError(f"Triton renderer: no Triton type for {dtype.name}")
+    return TL_TYPES[dtype.name]
+
+
+def rewrite_for_blocks(sink: UOp) -> UOp:
+    """The phases of codegen/phases.py that a block renderer wants: all but reduce lowering."""
+    sink = graph_rewrite(sink, pm_symbolic)
+    sink = graph_rewrite(sink, pm_unique_reduce_ranges, ctx={})
+    sink = order_loops(sink)
+    sink = check_integer_division(sink)
+    return graph_rewrite(sink, pm_symbolic + pm_checks)
+
+
+# ---- the op table ------------------------------------------------------------------------
+
+INFIX = {
+    Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.CMPLT: "<", Ops.CMPLE: "<=", Ops.CMPEQ: "==",
+    Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^",
+}  # fmt: skip
+
+# tl.math where Triton has the function; libdevice (CUDA's libm; a numpy shim under the
+# interpreter, runtime/triton_interpret.py) for the rest.
+UNARY_CALLS = {
+    Ops.EXP: "tl.exp", Ops.EXP2: "tl.exp2", Ops.LOG: "tl.log", Ops.LOG2: "tl.log2", Ops.SQRT: "tl.sqrt_rn",
+    Ops.SIN: "tl.sin", Ops.COS: "tl.cos", Ops.ERF: "tl.erf", Ops.FLOOR: "tl.floor", Ops.CEIL: "tl.ceil",
+    Ops.EXPM1: "libdevice.expm1", Ops.LOG10: "libdevice.log10", Ops.LOG1P: "libdevice.log1p",
+    Ops.TAN: "libdevice.tan", Ops.ASIN: "libdevice.asin", Ops.ACOS: "libdevice.acos", Ops.ATAN: "libdevice.atan",
+    Ops.SINH: "libdevice.sinh", Ops.COSH: "libdevice.cosh", Ops.TANH: "libdevice.tanh",
+    Ops.ROUND: "libdevice.nearbyint", Ops.TRUNC: "libdevice.trunc",
+}  # fmt: skip
+
+# Transcendentals on half types compute in float32, as eager does.
+HALF = ("float16", "bfloat16")
+
+
+def render_const(value, dtype: DType) -> str:
+    if dtype.is_bool:
+        return "True" if value else "False"
+    if dtype.is_float:
+        text = repr(float(value)) if math.isfinite(value) else f'float("{value}")'
+        return text if dtype is dtypes.float32 else f"tl.full([], {text}, {tl_type(dtype)})"
+    if dtype is dtypes.index or dtype is dtypes.int32:
+        return str(value) if -(2**31) <= value < 2**31 or dtype is dtypes.index else f"tl.full([], {value}, tl.int32)"
+    return f"tl.full([], {value}, {tl_type(dtype)})"
+
+
+def _binary(u: UOp, a: str, b: str) -> str:
+    operand = u.src[0].dtype
+    if operand.is_bool and u.op in (Ops.ADD, Ops.MUL):  # i1 arithmetic wraps; torch's bool + is or
+        return f"({a} {'|' if u.op is Ops.ADD else '&'} {b})"
+    if u.op in INFIX:
+        return f"({a} {INFIX[u.op]} {b})"
+    if u.op is Ops.FDIV:  # IEEE division, as eager (Triton's float32 `/` is approximate)
+        return f"ember_div_rn({a}, {b})" if operand is dtypes.float32 else f"({a} / {b})"
+    if u.op in (Ops.IDIV, Ops.MOD):
+        symbol = "//" if u.op is Ops.IDIV else "%"
+        if operand is dtypes.index:
+            return f"({a} {symbol} {b})"
+        # Triton's // and % truncate as C does; a zero divisor gives 0 (a CHECK reports it),
+        # and -1 gives the wrapped negation (the CPU's ember_idiv).
+        safe = f"tl.where(({b} == 0) | ({b} == -1), 1, {b})"
+        special = f"(0 - {a})" if u.op is Ops.IDIV else "0"
+        return f"tl.where({b} == 0, 0, tl.where({b} == -1, {special}, {a} {symbol} {safe}))"
+    if u.op is Ops.FMOD:
+        return f"libdevice.fmod({a}, {b})"
+    if u.op in (Ops.MAX, Ops.MIN):
+        fn = "tl.maximum" if u.op is Ops.MAX else "tl.minimum"
+        nan = ", propagate_nan=tl.PropagateNan.ALL" if operand.is_float else ""
+        return f"{fn}({a}, {b}{nan})"
+    if u.op is Ops.POW:
+        return f"libdevice.pow({a}, {b})" if operand.is_float else f"ember_ipow({a}, {b})"
+    if u.op is Ops.ATAN2:
+        return f"libdevice.atan2({a}, {b})"
+    if u.op in (Ops.SHL, Ops.SHR):
+        bits = 8 * operand.itemsize
+        out_of_range = f"(({b} < 0) | ({b} >= {bits}))"
+        if u.op is Ops.SHL:
+            return f"tl.where({out_of_range}, 0, {a} << tl.where({out_of_range}, 0, {b}))"
+        return f"tl.where({out_of_range}, tl.where({a} < 0, -1, 0), {a} >> tl.where({out_of_range}, 0, {b}))"
+    raise NotImplementedError(f"Triton renderer: no rendering for {u.op.name}")
+
+
+def _unary(u: UOp, x: str) -> str:
+    source = u.src[0].dtype
+    if u.op is Ops.CAST:
+        if u.dtype.is_bool:
+            return f"({x} != 0)"
+        return f"{x}.to({tl_type(u.dtype)})"
+    if u.op is Ops.NEG:  # Triton's unary minus is 0 - x, which loses the sign of zero
+        return f"(0 - {x})" if not source.is_float else f"({x} * -1.0)"
+    if u.op is Ops.NOT:
+        return f"({x} == 0)" if source.is_bool else f"(~{x})"
+    if u.op is Ops.ABS:
+        return f"tl.abs({x})"
+    if u.op is Ops.ISNAN:
+        return f"({x} != {x})"
+    if u.op is Ops.ISINF:
+        return f"(tl.abs({x}) == float('inf'))"
+    if u.op is Ops.SQRT and source is not dtypes.float32:
+        return f"tl.sqrt({x})" if source.name not in HALF else f"tl.sqrt_rn({x}.to(tl.float32)).to({tl_type(u.dtype)})"
+    fn = UNARY_CALLS.get(u.op)
+    if fn is None:
+        raise NotImplementedError(f"Triton renderer: no rendering for {u.op.name}")
+    if source.name in HALF:
+        return f"{fn}({x}.to(tl.float32)).to({tl_type(u.dtype)})"
+    return f"{fn}({x})"
+
+
+def render_alu(u: UOp, srcs: list[str]) -> str:
+    if u.op is Ops.WHERE:
+        return f"tl.where({srcs[0]}, {srcs[1]}, {srcs[2]})"
+    if len(srcs) == 2:
+        return _binary(u, *srcs)
+    return _unary(u, srcs[0])
+
+
+TYPED_OPERANDS = frozenset({Ops.MAX, Ops.MIN, Ops.POW, Ops.ATAN2, Ops.FMOD, Ops.FDIV, Ops.SHL, Ops.SHR})
+
+REDUCE_CALLS = {Ops.ADD: "tl.sum", Ops.MAX: "ember_max", Ops.MIN: "ember_min", Ops.MUL: "ember_prod"}
+
+
+def reduce_identity(combine: Ops, dtype: DType):
+    from ember.codegen.phases import reduce_identity as identity
+
+    return identity(combine, dtype)
+
+
+def combine_expr(combine: Ops, dtype: DType, a: str, b: str) -> str:
+    if combine is Ops.ADD:
+        return f"({a} + {b})"
+    if combine is Ops.MUL:
+        return f"({a} * {b})"
+    fn = "tl.maximum" if combine is Ops.MAX else "tl.minimum"
+    nan = ", propagate_nan=tl.PropagateNan.ALL" if dtype.is_float else ""
+    return f"{fn}({a}, {b}{nan})"
+
+
+# ---- the kernel's shape ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """Note: blocks for a kernel AST."""
+
+    outer: tuple[UOp, ...]  # loop ranges flattened onto x, outermost first
+    inner: tuple[UOp, ...]  # loop ranges of the final phase (empty for pointwise kernels)
+    reduces: tuple[UOp, ...]  # REDUCEs, sources before users
+    xnumel: int
+    rnumel: int  # the largest phase extent (0 for pointwise kernels)
+
+    @property
+    def pointwise(self) -> bool:
+        return not self.reduces
+
+
+def kernel_shape(sink: UOp) -> KernelShape:
+    loops = sorted((u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce), key=lambda r: r.arg.axis)
+    reduces = tuple(u for u in sink.toposort if u.op is Ops.REDUCE)
+    if not reduces:
+        return KernelShape(tuple(loops), (), (), _numel(loops), 0)
+    outer_set = frozenset().union(*(r.ranges for r in reduces))
+    if any(r.arg.reduce for r in outer_set):  # e.g. the mean over rows of a row's logsumexp
+        raise NotImplementedError("Triton renderer: a reduction inside another reduction's loop (not yet)")
+    outer = tuple(r for r in loops if r in outer_set)
+    inner = tuple(r for r in loops if r not in outer_set)
+    extents = [_numel(red.src[1:]) for red in reduces] + ([_numel(inner)] if inner else [])
+    return KernelShape(outer, inner, reduces, _numel(outer), max(extents))
+
+
+def _numel(ranges) -> int:
+    return math.prod(r.src[0].arg for r in ranges)
+
+
+def index_bits(sink: UOp, shape: KernelShape) -> int:
+    """32-bit index math when every index value and the padded block positions fit."""
+    limit = 2**31 - 1 - 2 * PERSISTENT_LIMIT
+    fits = shape.xnumel * 2 < limit and shape.rnumel * 2 < limit
+    for u in sink.toposort:
+        if u.dtype is dtypes.index and u.op is not Ops.CAST and (u.vmin < -limit or u.vmax > limit):
+            fits = False
+    return 32 if fits else 64
+
+
+# ---- rendering --------------------------------------------------------------------------
+
+
+@dataclass
+class Scope:
+    """A block of statements; `names` maps an expression's text to the variable holding it
+    (CSE), visible to inner scopes."""
+
+    lines: list[str]
+    indent: str
+    parent: Scope | None = None
+    names: dict[str, str] = field(default_factory=dict)
+
+    def lookup(self, text: str) -> str | None:
+        scope: Scope | None = self
+        while scope is not None:
+            if text in scope.names:
+                return scope.names[text]
+            scope = scope.parent
+        return None
+
+
+@dataclass
+class Phase:
+    """One pass over the r axis (Note: blocks for a kernel AST)."""
+
+    ranges: tuple[UOp, ...]
+    numel: int
+    scope: Scope
+    index: str  # the flattened r position's variable
+
+
+@dataclass
+class TritonKernel:
+    name: str
+    source: str
+    params: list[tuple[str, DType, bool]]  # (name, dtype, written)
+    errors: list[CheckArg]
+    xnumel: int
+    rnumel: int
+    variants: list[str]  # "pointwise" | "persistent" | "looped", one @triton.jit function each
+
+    def function(self, variant: str) -> str:
+        return f"{self.name}_{variant}"
+
+
+class _Renderer:
+    def __init__(self, sink: UOp, shape: KernelShape, errors: list[CheckArg], persistent: bool, bits: int):
+        self.sink, self.shape, self.errors, self.persistent = sink, shape, errors, persistent
+        self.bits = bits
+        self.top = Scope([], "    ")
+        self.counter = 0
+        self.memo: dict[tuple[int, UOp], str] = {}  # (id of phase or 0, uop) -> name
+
+    # -- structure --
+    def render(self) -> list[str]:
+        top = self.top
+        xdims = "" if self.shape.pointwise else "[:, None]"
+        offset = "tl.program_id(0)" + ("" if self.bits == 32 else ".to(tl.int64)")
+        top.lines += [f"    xindex = {offset} * XBLOCK + tl.arange(0, XBLOCK){xdims}",
+                      f"    xmask = xindex < {self.shape.xnumel}"]  # fmt: skip
+        for red in self.shape.reduces:
+            self.value(red, None)
+        stores = [s for s in self.sink.src if s.op is Ops.STORE]
+        outer_set = set(self.shape.outer)
+        outer_stores = [s for s in stores if s.ranges <= outer_set]
+        for store in outer_stores:
+            self.store(store, None)
+        inner_stores = [s for s in stores if s not in outer_stores]
+        if inner_stores:
+            phase = self.open_phase(self.shape.inner)
+            for store in inner_stores:
+                self.store(store, phase)
+            self.close_phase(phase)
+        return top.lines
+
+    def open_phase(self, ranges: tuple[UOp, ...]) -> Phase:
+        numel = _numel(ranges)
+        if self.persistent:
+            scope = self.top  # one flat scope: phases share rindex and their loads (Note: blocks)
+            if "rbase" not in self.top.names:
+                self.top.names["rbase"] = "rbase"
+                self.top.lines.append("    rbase = tl.arange(0, RBLOCK)[None, :]" + self._widen())
+            return Phase(ranges, numel, scope, "rbase")
+        scope = Scope([f"    for roffset in range(0, {numel}, RBLOCK):"], "        ", self.top)
+        scope.lines.append(f"        rindex = roffset + tl.arange(0, RBLOCK)[None, :]{self._widen()}")
+        return Phase(ranges, numel, scope, "rindex")
+
+    def _widen(self) -> str:
+        return "" if self.bits == 32 else ".to(tl.int64)"
+
+    def close_phase(self, phase: Phase) -> None:
+        if not self.persistent:
+            self.top.lines += phase.scope.lines
+
+    def emit(self, scope: Scope, text: str) -> str:
+        if (name := scope.lookup(text)) is not None:
+            return name
+        name = f"t{self.counter}"
+        self.counter += 1
+        scope.lines.append(f"{scope.indent}{name} = {text}")
+        scope.names[text] = name
+        return name
+
+    # -- values --
+    def value(self, u: UOp, phase: Phase | None) -> str:
+        """The name (or inline text) of `u`'s value, emitted into the scope it varies in."""
+        here = phase if phase is not None and (u.ranges & set(phase.ranges)) else None
+        key = (id(here) if here is not None else 0, u)
+        if key in self.memo:
+            return self.memo[key]
+        text = self._value(u, here)
+        self.memo[key] = text
+        return text
+
+    def _value(self, u: UOp, phase: Phase | None) -> str:
+        scope = phase.scope if phase is not None else self.top
+        if u.op is Ops.CONST:
+            return render_const(u.arg, u.dtype)
+        if u.op is Ops.RANGE:
+            return self.range_text(u, phase)
+        if u.op is Ops.LOAD:
+            return self.emit(scope, self.load_text(u.src[0], phase))
+        if u.op is Ops.REDUCE:
+            return self.reduce(u)
+        if u.op is Ops.CHECK:
+            return self.check(u, phase)
+        srcs = [self.value(s, phase) for s in u.src]
+        if u.op in TYPED_OPERANDS:  # Triton functions want tensors, not Python numbers
+            srcs = [t if s.op is not Ops.CONST or t.startswith("tl.full") else f"tl.full([], {t}, {tl_type(s.dtype)})"
+                    for t, s in zip(srcs, u.src)]  # fmt: skip
+        if all(s.op is Ops.CONST for s in u.src):  # a literal has no .to() and computes in Python
+            shape = self.block_shape(None)
+            srcs = [f"tl.full({shape}, {render_const(s.arg, dtypes.float32 if s.dtype.is_float else s.dtype)}, "
+                    f"{tl_type(s.dtype)})" for s in u.src]  # fmt: skip
+        return self.emit(scope, render_alu(u, srcs))
+
+    def range_text(self, r: UOp, phase: Phase | None) -> str:
+        if r in self.shape.outer:
+            return _decompose("xindex", self.shape.outer, r)
+        if phase is None or r not in phase.ranges:
+            raise RuntimeError(f"Triton renderer: range r{r.arg.axis} used outside its phase")
+        return _decompose(phase.index, phase.ranges, r)
+
+    def mask(self, index: UOp, phase: Phase | None) -> str | None:
+        ranges = {r for r in index.toposort if r.op is Ops.RANGE}
+        parts = []
+        if ranges & set(self.shape.outer):
+            parts.append("xmask")
+        if phase is not None and ranges & set(phase.ranges):
+            parts.append(f"({phase.index} < {phase.numel})")
+        return " & ".join(parts) if parts else None
+
+    def load_text(self, index: UOp, phase: Phase | None) -> str:
+        buffer, position = index.src
+        mask = self.mask(position, phase)
+        pointer = f"{buffer.arg.name} + {self.value(position, phase)}"
+        return f"tl.load({pointer}, mask={mask})" if mask else f"tl.load({pointer})"
+
+    def full_mask(self, phase: Phase | None) -> str:
+        if phase is None:
+            return "xmask"
+        return f"xmask & ({phase.index} < {phase.numel})"
+
+    def block_shape(self, phase: Phase | None) -> str:
+        if self.shape.pointwise:
+            return "[XBLOCK]"
+        return "[XBLOCK, 1]" if phase is None else "[XBLOCK, RBLOCK]"
+
+    def store(self, store: UOp, phase: Phase | None) -> None:
+        index, value = store.src
+        buffer, position = index.src
+        scope = phase.scope if phase is not None else self.top
+        pointer = f"tl.broadcast_to({buffer.arg.name} + {self.value(position, phase)}, {self.block_shape(phase)})"
+        stored = self.value(value, phase)
+        if value.dtype != buffer.dtype:
+            stored = f"{stored}.to({tl_type(buffer.dtype)})"
+        scope.lines.append(f"{scope.indent}tl.store({pointer}, {stored}, mask={self.full_mask(phase)})")
+
+    def check(self, u: UOp, phase: Phase | None) -> str:
+        scope = phase.scope if phase is not None else self.top
+        value, ok = self.value(u.src[0], phase), self.value(u.src[1], phase)
+        code = self.errors.index(u.arg) + 1
+        pointer = f"tl.broadcast_to(ember_error + 0, {self.block_shape(phase)})"
+        line = f"{scope.indent}tl.store({pointer}, {code}, mask=({ok} == 0) & {self.full_mask(phase)})"
+        if line not in scope.lines:
+            scope.lines.append(line)
+        return value
+
+    def reduce(self, red: UOp) -> str:
+        combine, dtype = red.arg, red.dtype
+        identity = render_const(reduce_identity(combine, dtype), dtype)
+        phase = self.open_phase(red.src[1:])
+        value = self.value(red.src[0], phase)
+        mask = self.full_mask(phase)
+        call = REDUCE_CALLS[combine]
+        if self.persistent:
+            masked = self.emit(self.top, f"tl.where({mask}, {value}, {identity})")
+            return self.emit(self.top, f"{call}(tl.broadcast_to({masked}, [XBLOCK, RBLOCK]), 1, keep_dims=True)")
+        acc = f"acc{self.counter}"
+        self.counter += 1
+        self.top.lines.append(f"    {acc} = tl.full([XBLOCK, RBLOCK], {identity}, {tl_type(dtype)})")
+        masked = f"tl.where({mask}, {value}, {identity})"
+        phase.scope.lines.append(f"        {acc} = {combine_expr(combine, dtype, acc, masked)}")
+        self.close_phase(phase)
+        return self.emit(self.top, f"{call}({acc}, 1, keep_dims=True)")
+
+
+def _decompose(index: str, ranges: tuple[UOp, ...], r: UOp) -> str:
+    """Range `r`'s value at the flattened position `index` over `ranges` (last fastest)."""
+    i = ranges.index(r)
+    stride = _numel(ranges[i + 1 :])
+    text = index if stride == 1 else f"({index} // {stride})"
+    return text if i == 0 else f"({text} % {r.src[0].arg})"
+
+
+# ---- the module -----------------------------------------------------------------------------
+
+PRELUDE = """\
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+
+@triton.jit
+def ember_max_combine(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def ember_min_combine(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def ember_mul_combine(a, b):
+    return a * b
+
+
+@triton.jit
+def ember_max(x, axis, keep_dims):
+    return tl.reduce(x, axis, ember_max_combine, keep_dims=keep_dims)
+
+
+@triton.jit
+def ember_min(x, axis, keep_dims):
+    return tl.reduce(x, axis, ember_min_combine, keep_dims=keep_dims)
+
+
+@triton.jit
+def ember_prod(x, axis, keep_dims):
+    return tl.reduce(x, axis, ember_mul_combine, keep_dims=keep_dims)
+
+
+@triton.jit
+def ember_div_rn(a, b):
+    a, b = tl.broadcast(a, b)
+    return tl.div_rn(a, b)
+
+
+@triton.jit
+def ember_ipow(a, b):
+    # integer power by squaring, wrapping as eager; negative exponents as the CPU's ember_ipow
+    result = a * 0 + 1
+    base = a
+    e = b
+    for _ in tl.static_range(64):
+        result = tl.where((e & 1) != 0, result * base, result)
+        base = base * base
+        e = e >> 1
+    negative = tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0))
+    return tl.where(b < 0, negative, result)
+"""
+
+
+def render_triton(name: str, sink: UOp, written: frozenset[str]) -> TritonKernel:
+    """`sink` is the kernel AST after `rewrite_for_blocks`."""
+    shape = kernel_shape(sink)
+    buffers = sorted({u.arg.name: u for u in sink.toposort if u.op is Ops.BUFFER}.values(),
+                     key=lambda b: int(b.arg.name[1:]))  # fmt: skip
+    params = [(b.arg.name, b.dtype, b.arg.name in written) for b in buffers]
+    for _, dtype, _ in params:
+        tl_type(dtype)
+    errors = list(dict.fromkeys(u.arg for u in sink.toposort if u.op is Ops.CHECK))
+    signature = ", ".join([p for p, _, _ in params] + (["ember_error"] if errors else []))
+    bits = index_bits(sink, shape)
+    if shape.pointwise:
+        variants = ["pointwise"]
+    else:
+        variants = (["persistent"] if shape.rnumel <= PERSISTENT_LIMIT else []) + ["looped"]
+    functions = []
+    for variant in variants:
+        lines = _Renderer(sink, shape, errors, variant == "persistent", bits).render()
+        blocks = "XBLOCK: tl.constexpr" + ("" if shape.pointwise else ", RBLOCK: tl.constexpr")
+        head = f"@triton.jit\ndef {name}_{variant}({signature}, {blocks}):\n"
+        functions.append(head + "\n".join(lines) + "\n")
+    source = PRELUDE + "\n\n" + "\n\n".join(functions)
+    return TritonKernel(name, source, params, errors, shape.xnumel, shape.rnumel, variants)

@@ -1,0 +1,219 @@
+"""Stage `runtime` (GPU): Triton kernels written into the cache, imported, tuned and launched.
+
+Triton compiles a `@triton.jit` function from its source file, so each rendered module is
+written into the cache (atomically, Note: cache safety) and imported from there, as the
+wrapper is. A `TritonLauncher` is what the wrapper calls: on the first call it picks a
+launch configuration (variant, block sizes, warps), from the tuning record stored beside
+the module or by timing a few candidates, and then launches on the current stream with a
+grid computed from the x extent.
+
+Under the interpreter (`TRITON_INTERPRET=1`, CPU tensors; how CI runs the Triton path)
+the module imports a numpy libdevice (runtime/triton_libdevice.py) and the configuration
+is fixed: small blocks, so both reduction variants run in tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import sys
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ember.runtime.cache import content_hash, entry_path, write_atomic
+
+LIBDEVICE_IMPORT = "from triton.language.extra import libdevice"
+INTERPRETED_IMPORT = "from ember.runtime.triton_libdevice import interpreted_libdevice as libdevice"
+
+
+def require_interpreter() -> None:
+    """Triton's interpreter only works when TRITON_INTERPRET was set before triton was imported
+    (its own jit functions, tl.sum among them, are made then)."""
+    import triton
+
+    if not triton.knobs.runtime.interpret:
+        raise RuntimeError(
+            "runtime: Triton kernels on CPU tensors (EMBER_BACKEND=triton) run under Triton's "
+            "interpreter: set TRITON_INTERPRET=1 before triton is imported"
+        )
+
+
+def write_module(source: str, cache_dir: Path, interpret: bool, version: str) -> tuple[Path, bool]:
+    """The module file for `source` (for the interpreter: with its libdevice); (path, was cached)."""
+    import triton
+
+    if interpret:
+        source = source.replace(LIBDEVICE_IMPORT, INTERPRETED_IMPORT)
+    key = content_hash(source, triton.__version__, version)
+    path = entry_path(cache_dir, "triton", key, ".py")
+    cached = path.exists() and path.read_text() == source
+    if not cached:
+        write_atomic(path, source)
+    return path, cached
+
+
+_modules: dict[tuple[str, bool], ModuleType] = {}  # owned here: each module imported once
+_modules_lock = threading.Lock()
+
+
+def import_module(path: str, interpret: bool) -> ModuleType:
+    with _modules_lock:
+        key = (path, interpret)
+        if key not in _modules:
+            name = f"ember_triton_{Path(path).stem}{'_interpreted' if interpret else ''}"
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            if interpret:
+                require_interpreter()
+            spec.loader.exec_module(module)
+            sys.modules.setdefault(name, module)
+            _modules[key] = module
+        return _modules[key]
+
+
+# ---- launch configurations -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    variant: str  # "pointwise" | "persistent" | "looped"
+    xblock: int
+    rblock: int  # 0 for pointwise kernels
+    num_warps: int
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def candidates(variants: list[str], xnumel: int, rnumel: int, interpret: bool) -> list[LaunchConfig]:
+    """The configurations worth timing, best guess first."""
+    xcap = next_power_of_2(xnumel)
+    if variants == ["pointwise"]:
+        if interpret:
+            return [LaunchConfig("pointwise", min(xcap, 1024), 0, 1)]
+        found = [LaunchConfig("pointwise", min(x, xcap), 0, w) for x, w in ((1024, 4), (2048, 8), (512, 4), (256, 2))]
+        return list(dict.fromkeys(found))
+    rcap = next_power_of_2(rnumel)
+    if interpret:  # small rows persistent, others looped: tests reach both variants
+        if "persistent" in variants and rnumel <= 64:
+            return [LaunchConfig("persistent", min(xcap, 16), rcap, 1)]
+        return [LaunchConfig("looped", min(xcap, 4), min(rcap, 32), 1)]
+    found = []
+    if "persistent" in variants:
+        for x in (1, 2, 4, 8, 16, 32, 64):
+            if x <= xcap and x * rcap <= max(rcap, 4096):
+                found.append(LaunchConfig("persistent", x, rcap, min(16, max(1, x * rcap // 256))))
+        if rcap >= 4096:
+            found.append(LaunchConfig("persistent", 1, rcap, 8))
+    found = _spread(found, 4)
+    if rnumel > 1024 or "persistent" not in variants:
+        found += [LaunchConfig("looped", 1, min(rcap, 2048), 8), LaunchConfig("looped", 1, min(rcap, 1024), 4)]
+        if xnumel >= 64:  # many short rows or columns: several rows per program
+            found += [LaunchConfig("looped", min(8, xcap), min(rcap, 256), 8),
+                      LaunchConfig("looped", min(32, xcap), min(rcap, 64), 4)]  # fmt: skip
+    return list(dict.fromkeys(found))
+
+
+def _spread(found: list[LaunchConfig], most: int) -> list[LaunchConfig]:
+    """At most `most` candidates, keeping the first and spreading over the rest."""
+    if len(found) <= most:
+        return found
+    step = (len(found) - 1) / (most - 1)
+    return [found[round(i * step)] for i in range(most)]
+
+
+def torch_cuda_current_device() -> int:
+    import torch
+
+    return torch.cuda.current_device()
+
+
+def raw_stream(device: int) -> int:
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
+# ---- the launcher ----------------------------------------------------------------------------
+
+
+class TritonLauncher:
+    """One kernel as the wrapper calls it: `launcher(*tensors)`."""
+
+    def __init__(self, path: str, name: str, variants: list[str], xnumel: int, rnumel: int, written: list[int],
+                 interpret: bool, autotune: bool = True) -> None:  # fmt: skip
+        self.path, self.name, self.variants, self.autotune = path, name, variants, autotune
+        self.xnumel, self.rnumel, self.written, self.interpret = xnumel, rnumel, written, interpret
+        self.module = import_module(path, interpret)
+        self.config: LaunchConfig | None = None
+        self.compiled: dict[tuple, Any] = {}  # pointer alignments -> compiled kernel
+        self.grid, self.constexprs, self.stream_device = 0, (), 0
+
+    def __call__(self, *args: Any) -> None:
+        if self.config is None:
+            self.config = self.choose(args)
+        if self.interpret:
+            self.launch(self.config, args)
+            return
+        # Note: the fast launch. Triton's own launch path binds and specializes the arguments
+        # in Python on every call (tens of microseconds); after the first launch for an
+        # alignment of the pointers, the compiled kernel is called directly.
+        aligned = tuple(a.data_ptr() % 16 == 0 for a in args)
+        kernel = self.compiled.get(aligned)
+        if kernel is None:
+            self.compiled[aligned] = self.launch(self.config, args)
+            self.stream_device = torch_cuda_current_device()
+            return
+        stream = raw_stream(self.stream_device)
+        kernel.run(self.grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
+                   *args, *self.constexprs)  # fmt: skip
+
+    def launch(self, config: LaunchConfig, args: tuple) -> Any:
+        fn = getattr(self.module, f"{self.name}_{config.variant}")
+        self.grid = (self.xnumel + config.xblock - 1) // config.xblock
+        blocks = {"XBLOCK": config.xblock} | ({"RBLOCK": config.rblock} if config.rblock else {})
+        self.constexprs = tuple(blocks.values())
+        if self.interpret:
+            return fn[(self.grid,)](*args, **blocks)
+        # no FMA contraction: eager rounds a product and a sum separately
+        return fn[(self.grid,)](*args, **blocks, num_warps=config.num_warps, enable_fp_fusion=False)
+
+    def tuning_path(self, device_name: str) -> Path:
+        return Path(self.path).with_suffix(f".{content_hash(device_name)[:12]}.tune.json")
+
+    def choose(self, args: tuple) -> LaunchConfig:
+        options = candidates(self.variants, self.xnumel, self.rnumel, self.interpret)
+        if self.interpret or not self.autotune or len(options) == 1:
+            return options[0]
+        import torch
+
+        record = self.tuning_path(torch.cuda.get_device_name(args[0].device))
+        if record.exists():
+            with contextlib.suppress(Exception):
+                found = LaunchConfig(**json.loads(record.read_text()))
+                if found in options:
+                    return found
+        best = self.benchmark(options, args)
+        write_atomic(record, json.dumps(asdict(best)))
+        return best
+
+    def benchmark(self, options: list[LaunchConfig], args: tuple) -> LaunchConfig:
+        """Times each candidate on copies of the outputs (a kernel may read what it writes)."""
+        from triton.testing import do_bench
+
+        trial = tuple(a.clone() if i in self.written else a for i, a in enumerate(args))
+        timings = {}
+        for config in options:
+            try:
+                timings[config] = do_bench(lambda c=config: self.launch(c, trial), warmup=5, rep=20,
+                                           return_mode="median")  # fmt: skip
+            except Exception:  # a configuration that does not compile (resources): skip it
+                continue
+        if not timings:
+            raise RuntimeError(f"runtime: no launch configuration of Triton kernel {self.name} runs")
+        return min(timings, key=timings.__getitem__)

@@ -1,0 +1,47 @@
+"""libdevice for kernels run by Triton's interpreter (TRITON_INTERPRET=1, CPU tensors).
+
+The interpreter runs a kernel as Python over numpy arrays but has no libdevice (CUDA's
+libm), which the Triton renderer calls for the functions tl.math lacks. The runtime
+imports this namespace instead of `triton.language.extra.libdevice` into modules it loads
+for the interpreter; each function applies the numpy equivalent to the block's data.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import triton.language as tl
+from triton.runtime.interpreter import TensorHandle
+
+
+def _tensor(x, like=None):
+    if isinstance(x, tl.core.tensor):
+        return x
+    dtype = like.dtype if like is not None else (tl.float32 if isinstance(x, float) else tl.int32)
+    data = np.array([x], dtype=like.handle.data.dtype if like is not None else None)
+    return tl.core.tensor(TensorHandle(data, dtype.scalar), dtype)
+
+
+def _elementwise(fn):
+    def apply(*args):
+        first = next(a for a in args if isinstance(a, tl.core.tensor))
+        tensors = [_tensor(a, first) for a in args]
+        with np.errstate(all="ignore"):
+            data = fn(*(t.handle.data for t in tensors))
+        data = np.asarray(data).astype(first.handle.data.dtype)
+        scalar = first.dtype.scalar
+        shape = [int(n) for n in data.shape]
+        block = tl.block_type(scalar, shape) if any(t.type.is_block() for t in tensors) else scalar
+        return tl.core.tensor(TensorHandle(data, scalar), block)
+
+    return apply
+
+
+interpreted_libdevice = SimpleNamespace(
+    expm1=_elementwise(np.expm1), log10=_elementwise(np.log10), log1p=_elementwise(np.log1p),
+    tan=_elementwise(np.tan), asin=_elementwise(np.arcsin), acos=_elementwise(np.arccos),
+    atan=_elementwise(np.arctan), sinh=_elementwise(np.sinh), cosh=_elementwise(np.cosh),
+    tanh=_elementwise(np.tanh), nearbyint=_elementwise(np.rint), trunc=_elementwise(np.trunc),
+    fmod=_elementwise(np.fmod), pow=_elementwise(np.power), atan2=_elementwise(np.arctan2),
+)  # fmt: skip
