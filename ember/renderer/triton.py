@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from ember.codegen.phases import check_integer_division, order_loops, pm_checks, pm_unique_reduce_ranges
 from ember.uop.dtypes import DType, dtypes
-from ember.uop.ops import CheckArg, Ops, UOp
+from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp
 from ember.uop.pattern import graph_rewrite
 from ember.uop.symbolic import pm_symbolic
 
@@ -57,6 +57,9 @@ def rewrite_for_blocks(sink: UOp) -> UOp:
         # wrong under the interpreter (numpy has no bfloat16) and not yet checked on a GPU:
         # refused, so the graph runs eagerly rather than risk a wrong answer
         raise NotImplementedError("Triton renderer: float16/bfloat16 kernels are not supported yet")
+    if any(u.op is Ops.STORE and isinstance(u.arg, ScatterArg) for u in sink.toposort):
+        # the C++ renderer's atomic read-combine-write has no Triton twin yet: never a plain store
+        raise NotImplementedError("Triton renderer: stores at computed positions (scatter, index_put) not yet")
     sink = graph_rewrite(sink, pm_symbolic)
     sink = graph_rewrite(sink, pm_unique_reduce_ranges, ctx={})
     sink = order_loops(sink)
