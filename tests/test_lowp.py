@@ -443,3 +443,22 @@ def test_low_precision_values_are_only_loaded_stored_selected_and_cast():
             assert u.dtype not in low and all(s.dtype not in low for s in u.src), u.op
     assert rounded.cast(dtypes.float32) in sink.toposort, "a rounding to bfloat16 was folded away"
     assert UOp.const(dtypes.float32, 0.30078125) in sink.toposort, "the constant is bfloat16(0.3), widened"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_signbit_of_a_vectorized_16_bit_loop(dtype):
+    # gcc 12 crashed vectorizing __builtin_signbit of a converted float (20 lanes exactly)
+    x = torch.randn(20, 20).to(dtype)
+    x[0, :3] = torch.tensor([-0.0, float("nan"), -float("inf")]).to(dtype)
+    assert torch.equal(compile_fn(torch.signbit)(x), torch.signbit(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_scatter_and_scans_of_16_bit_floats_call_aten(dtype):
+    # their kernels work on the storage type itself: aten does them, and says so in the metrics
+    x, src = torch.randn(4, 5).to(dtype), torch.randn(4, 5).to(dtype)
+    index = torch.tensor([[0, 1, 2, 0, 1], [3, 2, 1, 0, 0], [1, 1, 1, 1, 1], [2, 3, 0, 1, 2]])
+    f = lambda x, i, s: (x.scatter_add(0, i, s), x.cumsum(1), x.cummax(0).values, x.index_add(0, i[0, :4], s[:4]))
+    for got, want in zip(compile_fn(f)(x, index, src), f(x, index, src)):
+        torch.testing.assert_close(got, want)  # (aten's accumulation order may differ by an ulp)
+    assert ember.metrics.fallback_calls >= 4

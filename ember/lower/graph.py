@@ -19,9 +19,9 @@ from torch.utils._pytree import tree_flatten
 from ember.errors import EmberError
 from ember.ir import Buffer, BufferRef, Layout, LoweredGraph, OutputSpec, contiguous_strides
 from ember.lower.context import LoweringContext
-from ember.lower.registry import Unsupported, lookup
+from ember.lower.registry import FULL_PRECISION_ONLY, Unsupported, lookup
 from ember.lower.values import TensorValue, as_strided_read, load
-from ember.uop.dtypes import from_torch, is_kernel_dtype
+from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
 from ember.uop.ops import Ops
 
 # Inductor's `realize_opcount_threshold` plays the same role; above it, reuse beats recompute.
@@ -98,6 +98,8 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
         return args[0][args[1]]
     lowering = lookup(node.target)
     value = None
+    if lowering in FULL_PRECISION_ONLY and _touches_low_precision(node, args, kwargs):
+        lowering = None
     if lowering is not None and _kernel_dtypes_only(node, args, kwargs):
         try:
             value = lowering(ctx, node, *args, **kwargs)
@@ -113,6 +115,17 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
     elif isinstance(value, tuple):
         value = tuple(_maybe_realize(ctx, node, v) if isinstance(v, TensorValue) else v for v in value)
     return value
+
+
+def _touches_low_precision(node: torch.fx.Node, args: tuple, kwargs: dict) -> bool:
+    values, _ = tree_flatten((args, kwargs, node.meta.get("val")))
+    for v in values:
+        dtype = v.dtype if isinstance(v, (TensorValue, torch.Tensor)) else None
+        if isinstance(dtype, torch.dtype):
+            dtype = from_torch(dtype)
+        if dtype in (dtypes.float16, dtypes.bfloat16):
+            return True
+    return False
 
 
 def _kernel_dtypes_only(node: torch.fx.Node, args: tuple, kwargs: dict) -> bool:

@@ -84,6 +84,8 @@ _register_elementwise([aten.fmin], nan_ignoring(Ops.FMIN, Ops.MIN), 2)
 def signbit(x: UOp) -> UOp:
     if x.dtype.is_bool:
         return UOp.const(dtypes.bool, False)
+    if x.dtype in (dtypes.float16, dtypes.bfloat16):
+        x = x.cast(dtypes.float32)  # exact; SIGNBIT reads a C float, not the 16-bit storage
     return x.alu(Ops.SIGNBIT) if x.dtype.is_float else x.lt(x.const_like(0))
 
 

@@ -11,18 +11,23 @@ from collections.abc import Callable
 from typing import Any
 
 LOWERINGS: dict[Any, Callable] = {}
+# Lowerings that handle float16/bfloat16 wrongly or not at all: those calls go to aten.
+FULL_PRECISION_ONLY: set[Callable] = set()
 
 
 class Unsupported(Exception):
     """This call of a lowered op is outside what the lowering handles: use the fallback."""
 
 
-def register(*ops: Any) -> Callable[[Callable], Callable]:
-    """Register `fn` for each op: an OpOverloadPacket covers all its overloads."""
+def register(*ops: Any, low_precision: bool = True) -> Callable[[Callable], Callable]:
+    """Register `fn` for each op: an OpOverloadPacket covers all its overloads. With
+    `low_precision=False`, calls touching float16/bfloat16 use the fallback instead."""
 
     def wrap(fn: Callable) -> Callable:
         for op in ops:
             LOWERINGS[op] = fn
+        if not low_precision:
+            FULL_PRECISION_ONLY.add(fn)
         return fn
 
     return wrap

@@ -59,19 +59,19 @@ def running_count(ctx: LoweringContext, flags: TensorValue, origin: str) -> Tens
     return scanned(ctx, origin, flags, 0, Ops.ADD, dtypes.int64)
 
 
-@register(aten.cumsum.default)
+@register(aten.cumsum.default, low_precision=False)
 def lower_cumsum(ctx, node, x: TensorValue, dim: int, dtype=None) -> TensorValue:
     _, out = result(node)
     return scanned(ctx, node.name, x, dim, Ops.ADD, out)
 
 
-@register(aten.cumprod.default)
+@register(aten.cumprod.default, low_precision=False)
 def lower_cumprod(ctx, node, x: TensorValue, dim: int, dtype=None) -> TensorValue:
     _, out = result(node)
     return scanned(ctx, node.name, x, dim, Ops.MUL, out)
 
 
-@register(aten.logcumsumexp.default)
+@register(aten.logcumsumexp.default, low_precision=False)
 def lower_logcumsumexp(ctx, node, x: TensorValue, dim: int) -> TensorValue:
     _, out = result(node)
     if not out.is_float:
@@ -79,7 +79,7 @@ def lower_logcumsumexp(ctx, node, x: TensorValue, dim: int) -> TensorValue:
     return scanned(ctx, node.name, x, dim, Ops.LOGADDEXP, out)
 
 
-@register(aten.cummax.default, aten.cummin.default)
+@register(aten.cummax.default, aten.cummin.default, low_precision=False)
 def lower_cummax(ctx, node, x: TensorValue, dim: int) -> tuple[TensorValue, TensorValue]:
     combine = Ops.MAX if node.target is aten.cummax.default else Ops.MIN
     if trivial(x, dim):

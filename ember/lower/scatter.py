@@ -148,7 +148,7 @@ def source_value(src: TensorValue | float | int | bool, shape: tuple[int, ...], 
     return src.reindex(shape, identity_axes(len(shape))).body.cast(dtype)
 
 
-@register(aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce)
+@register(aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce, low_precision=False)
 def lower_scatter(ctx, node, x: TensorValue, dim: int, index: TensorValue, src, reduce=None) -> TensorValue:
     """scatter, and its deprecated reduce="add" / "multiply" forms (which include self)."""
     _, dtype = result(node)
@@ -161,7 +161,7 @@ def lower_scatter(ctx, node, x: TensorValue, dim: int, index: TensorValue, src, 
     return load(out)
 
 
-@register(aten.scatter_add.default)
+@register(aten.scatter_add.default, low_precision=False)
 def lower_scatter_add(ctx, node, x: TensorValue, dim: int, index: TensorValue, src: TensorValue) -> TensorValue:
     _, dtype = result(node)
     shape, linear, owners = scatter_positions(x, dim, index, "scatter_add")
@@ -170,7 +170,7 @@ def lower_scatter_add(ctx, node, x: TensorValue, dim: int, index: TensorValue, s
     return load(out)
 
 
-@register(aten.scatter_reduce.two)
+@register(aten.scatter_reduce.two, low_precision=False)
 def lower_scatter_reduce(ctx, node, x: TensorValue, dim: int, index: TensorValue, src: TensorValue, reduce: str,
                          include_self: bool = True) -> TensorValue:  # fmt: skip
     _, dtype = result(node)
@@ -179,7 +179,7 @@ def lower_scatter_reduce(ctx, node, x: TensorValue, dim: int, index: TensorValue
     return reduce_into(ctx, node, x, shape, linear, value, reduce, include_self, owners)
 
 
-@register(aten.index_reduce.default)
+@register(aten.index_reduce.default, low_precision=False)
 def lower_index_reduce(ctx, node, x: TensorValue, dim: int, index: TensorValue, src: TensorValue, reduce: str,
                        include_self: bool = True) -> TensorValue:  # fmt: skip
     """x[..., index[i], ...] (reduce)= src[..., i, ...] along `dim`."""
@@ -226,7 +226,7 @@ def indexing_positions(x: TensorValue, indices: list) -> tuple[tuple[int, ...], 
     return shape, positions, tuple(rest_axes)
 
 
-@register(aten.index_put.default)
+@register(aten.index_put.default, low_precision=False)
 def lower_index_put(ctx, node, x: TensorValue, indices, values: TensorValue, accumulate: bool = False
                     ) -> TensorValue:  # fmt: skip
     _, dtype = result(node)
@@ -270,7 +270,7 @@ def masked_put(node, x: TensorValue, indices: list, values: TensorValue, accumul
     return x.with_body(chosen.where(value.body.cast(dtype), current), dtype)
 
 
-@register(aten.put.default)
+@register(aten.put.default, low_precision=False)
 def lower_put(ctx, node, x: TensorValue, index: TensorValue, source: TensorValue, accumulate: bool = False
               ) -> TensorValue:  # fmt: skip
     """x.flatten()[index] (+)= source.flatten(): positions in x's row-major order."""
@@ -285,7 +285,7 @@ def lower_put(ctx, node, x: TensorValue, index: TensorValue, source: TensorValue
     return load(out)
 
 
-@register(aten.masked_scatter.default)
+@register(aten.masked_scatter.default, low_precision=False)
 def lower_masked_scatter(ctx, node, x: TensorValue, mask: TensorValue, source: TensorValue) -> TensorValue:
     """out[p] = mask[p] ? source.flatten()[number of true elements before p] : x[p]. The count
     is a running sum of the mask in row-major order (a scan, lower/scans.py); a pointwise
@@ -308,7 +308,7 @@ def lower_masked_scatter(ctx, node, x: TensorValue, mask: TensorValue, source: T
 # ---- static positions --------------------------------------------------------------------------
 
 
-@register(aten.diagonal_scatter.default)
+@register(aten.diagonal_scatter.default, low_precision=False)
 def lower_diagonal_scatter(ctx, node, x: TensorValue, src: TensorValue, offset: int = 0, dim1: int = 0,
                            dim2: int = 1) -> TensorValue:  # fmt: skip
     """A pointwise select, like select_scatter: src where the position is on the diagonal."""
@@ -324,7 +324,7 @@ def lower_diagonal_scatter(ctx, node, x: TensorValue, src: TensorValue, offset: 
     return x.with_body(on_diagonal.where(value, x.body.cast(dtype)), dtype)
 
 
-@register(aten.as_strided_scatter.default)
+@register(aten.as_strided_scatter.default, low_precision=False)
 def lower_as_strided_scatter(ctx, node, x: TensorValue, src: TensorValue, size, stride, storage_offset=None
                              ) -> TensorValue:  # fmt: skip
     """A copy of x in eager's layout, then src stored at the positions the strided view of
@@ -340,7 +340,7 @@ def lower_as_strided_scatter(ctx, node, x: TensorValue, src: TensorValue, size, 
     return load(out)
 
 
-@register(torch.ops.prims.copy_strided.default)
+@register(torch.ops.prims.copy_strided.default, low_precision=False)
 def lower_copy_strided(ctx, node, x: TensorValue, stride) -> TensorValue:
     """index_fill's decomposition restores self's strides with it: the same values (a graph
     output gets eager's strides anyway, lower/graph.py)."""
