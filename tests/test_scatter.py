@@ -16,26 +16,9 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from tests.helpers import check, compile_fn
+from tests.helpers import check, compile_fn, data, indices, transposed
 
 f32, f64, i32, i64, b8 = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
-
-
-def data(shape: tuple[int, ...], dtype: torch.dtype = f32, seed: int = 0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    if dtype is b8:
-        return torch.rand(shape, generator=gen) < 0.5
-    if dtype.is_floating_point:
-        return (torch.rand(shape, generator=gen, dtype=f64) * 8 - 4).to(dtype)
-    return torch.randint(-9, 10, shape, generator=gen, dtype=dtype)
-
-
-def transposed(shape: tuple[int, ...], dtype: torch.dtype = f32, seed: int = 0) -> torch.Tensor:
-    return data(shape[::-1], dtype, seed).permute(*reversed(range(len(shape))))
-
-
-def indices(values, dtype: torch.dtype = i64) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype)
 
 
 def dtype_id(dtype: torch.dtype) -> str:

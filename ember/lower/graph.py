@@ -117,24 +117,21 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
     return value
 
 
-def _touches_low_precision(node: torch.fx.Node, args: tuple, kwargs: dict) -> bool:
+def _dtypes(node: torch.fx.Node, args: tuple, kwargs: dict):
+    """Every value of a call (arguments and result), and its ember dtype where it has one."""
     values, _ = tree_flatten((args, kwargs, node.meta.get("val")))
     for v in values:
         dtype = v.dtype if isinstance(v, (TensorValue, torch.Tensor)) else None
-        if isinstance(dtype, torch.dtype):
-            dtype = from_torch(dtype)
-        if dtype in (dtypes.float16, dtypes.bfloat16):
-            return True
-    return False
+        yield v, from_torch(dtype) if isinstance(dtype, torch.dtype) else dtype
+
+
+def _touches_low_precision(node: torch.fx.Node, args: tuple, kwargs: dict) -> bool:
+    return any(dtype in (dtypes.float16, dtypes.bfloat16) for _, dtype in _dtypes(node, args, kwargs))
 
 
 def _kernel_dtypes_only(node: torch.fx.Node, args: tuple, kwargs: dict) -> bool:
     """Kernels handle only ember's dtypes; anything touching another type goes to aten."""
-    values, _ = tree_flatten((args, kwargs, node.meta.get("val")))
-    for v in values:
-        dtype = v.dtype if isinstance(v, (TensorValue, torch.Tensor)) else None
-        if isinstance(dtype, torch.dtype):
-            dtype = from_torch(dtype)
+    for v, dtype in _dtypes(node, args, kwargs):
         if dtype is not None and not is_kernel_dtype(dtype):
             return False
         if isinstance(v, (complex, torch.SymInt, torch.SymFloat)):
