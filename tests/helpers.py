@@ -59,18 +59,32 @@ def check(fn: Callable, *inputs, rtol: float = 1.3e-5, atol: float = 1e-5):
     return actual
 
 
-# ---- test data shared by the indexing and scatter tests ----------------------------------
+def check_lowered(ops: dict, *inputs, **tolerance) -> None:
+    """`check` the ops compiled together as one graph; none may fall back to aten."""
+    import ember
+
+    fns = tuple(ops.values())
+    try:
+        check(lambda *xs: tuple(fn(*xs) for fn in fns), *inputs, **tolerance)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n(outputs in order: {list(ops)})") from None
+    assert ember.metrics.fallback_calls == 0, f"lowered ops went to aten: {dict(ember.metrics.fallback_ops)}"
+
+
+# ---- test data shared by the indexing, scatter and scan tests ----------------------------
 
 f32, f64, i32, i64, b8 = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
 
 
-def data(shape: tuple[int, ...], dtype: torch.dtype = f32, seed: int = 0) -> torch.Tensor:
+def data(shape: tuple[int, ...], dtype: torch.dtype = f32, seed: int = 0, spread: float = 4.0, int_bound: int = 9
+         ) -> torch.Tensor:  # fmt: skip
+    """Floats uniform in [-spread, spread), integers in [-int_bound, int_bound], bools."""
     gen = torch.Generator().manual_seed(seed)
     if dtype is b8:
         return torch.rand(shape, generator=gen) < 0.5
     if dtype.is_floating_point:
-        return (torch.rand(shape, generator=gen, dtype=f64) * 8 - 4).to(dtype)
-    return torch.randint(-9, 10, shape, generator=gen, dtype=dtype)
+        return (torch.rand(shape, generator=gen, dtype=f64) * (2 * spread) - spread).to(dtype)
+    return torch.randint(-int_bound, int_bound + 1, shape, generator=gen, dtype=dtype)
 
 
 def transposed(shape: tuple[int, ...], dtype: torch.dtype = f32, seed: int = 0) -> torch.Tensor:

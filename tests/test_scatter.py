@@ -16,23 +16,13 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from tests.helpers import check, compile_fn, data, indices, transposed
+from tests.helpers import check_lowered, compile_fn, data, indices, transposed
 
 f32, f64, i32, i64, b8 = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
 
 
 def dtype_id(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def check_lowered(ops: dict[str, Callable], *inputs, **tolerance) -> None:
-    """`check` the ops compiled together as one graph; none may fall back to aten."""
-    fns = tuple(ops.values())
-    try:
-        check(lambda *xs: tuple(fn(*xs) for fn in fns), *inputs, **tolerance)
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n(outputs in order: {list(ops)})") from None
-    assert ember.metrics.fallback_calls == 0, f"lowered ops went to aten: {dict(ember.metrics.fallback_ops)}"
 
 
 # ---- scatter, scatter_add, scatter_reduce --------------------------------------------------------
