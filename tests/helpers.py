@@ -6,6 +6,7 @@ kernels are not always deterministic); dtypes and shapes with eager on the input
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 
@@ -31,12 +32,20 @@ def test_device() -> str:
 
 
 def to_test_device(x):
-    return x.to(test_device()) if isinstance(x, torch.Tensor) and test_device() != "cpu" else x
+    """`x` on the test device with its strides and storage offset: the whole storage moves, and
+    the same view of it is taken there."""
+    if not isinstance(x, torch.Tensor) or test_device() == "cpu":
+        return x
+    elements = x.untyped_storage().nbytes() // x.element_size()
+    storage = torch.empty(0, dtype=x.dtype).set_(x.untyped_storage(), 0, (elements,))
+    return storage.to(test_device()).as_strided(x.shape, x.stride(), x.storage_offset()).requires_grad_(x.requires_grad)
 
 
 def check(fn: Callable, *inputs, rtol: float = 1.3e-5, atol: float = 1e-5):
     """Run `fn` compiled by ember and eagerly; assert they agree. Returns ember's result."""
-    actual = compile_fn(fn)(*tree_map(to_test_device, inputs))
+    # tensors the function creates land beside its inputs
+    with torch.device(test_device()) if test_device() != "cpu" else contextlib.nullcontext():
+        actual = compile_fn(fn)(*tree_map(to_test_device, inputs))
     actual = tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, actual)
     same_dtype = fn(*inputs)
     upcast_result = fn(*tree_map(upcast, inputs))

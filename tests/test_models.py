@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
+from tests.helpers import test_device
 
 
 def mlp() -> torch.nn.Module:
@@ -43,12 +44,24 @@ def training_steps(model: torch.nn.Module, compiled: torch.nn.Module, x, y, step
     return histories
 
 
+def rounding_noise_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Masks of the weights whose true gradient is exactly zero: the key part of each attention's
+    in_proj_bias (adding a constant to every key shifts all scores of a query equally)."""
+    masks = {}
+    for prefix, module in model.named_modules():
+        if isinstance(module, torch.nn.MultiheadAttention) and module.in_proj_bias is not None:
+            mask = torch.zeros_like(module.in_proj_bias, dtype=torch.bool)
+            mask[module.embed_dim : 2 * module.embed_dim] = True
+            masks[f"{prefix}.in_proj_bias" if prefix else "in_proj_bias"] = mask
+    return masks
+
+
 @pytest.mark.parametrize("make, shape", [(mlp, (16, 32)), (EncoderClassifier, (4, 8, 32))])
 def test_training_step_matches_eager(make, shape):
     torch.manual_seed(0)
-    model = make()
+    model = make().to(test_device())
     twin = copy.deepcopy(model)
-    x, y = torch.randn(*shape), torch.randint(0, 10, (shape[0],))
+    x, y = torch.randn(*shape, device=test_device()), torch.randint(0, 10, (shape[0],), device=test_device())
     (eager_losses, eager_grads, eager_params), (losses, grads, params) = training_steps(
         model, torch.compile(twin, backend="ember"), x, y
     )
@@ -57,10 +70,12 @@ def test_training_step_matches_eager(make, shape):
     for a, b in zip(grads, eager_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     # AdamW divides by sqrt(v) + eps: a gradient that is zero up to rounding (attention's key
-    # bias, which softmax ignores) moves its weight by up to ~lr/10 in a direction set by
-    # rounding noise, in eager as much as compiled. So weights agree to lr/5, not to 1e-5.
-    for a, b in zip(params, eager_params):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-3)
+    # bias, which softmax ignores) moves its weight by up to lr per step in a direction set by
+    # rounding noise, in eager as much as compiled. Those weights are left out; the rest agree.
+    ignored = rounding_noise_weights(model)
+    for (name, _), a, b in zip(model.named_parameters(), params, eager_params):
+        keep = ~ignored.get(name, torch.zeros_like(a, dtype=torch.bool))
+        torch.testing.assert_close(a[keep], b[keep], rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
     assert ember.metrics.graphs_compiled >= 2  # forward and backward
     assert ember.metrics.graphs_failed == 0
 
@@ -68,7 +83,7 @@ def test_training_step_matches_eager(make, shape):
 def test_encoder_layer_inference_matches_eager():
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True, norm_first=True).eval()
-    x = torch.randn(2, 16, 64)
+    layer, x = layer.to(test_device()), torch.randn(2, 16, 64, device=test_device())
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(layer, backend="ember")(x), layer(x), rtol=1e-4, atol=1e-5)
     assert ember.metrics.graphs_failed == 0
@@ -78,8 +93,8 @@ def test_gpt2_from_config_matches_eager():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32)
-    model = transformers.GPT2LMHeadModel(config).eval()
-    ids = torch.randint(0, 100, (2, 16))
+    model = transformers.GPT2LMHeadModel(config).eval().to(test_device())
+    ids = torch.randint(0, 100, (2, 16), device=test_device())
     with torch.no_grad():
         want = model(ids).logits
         got = torch.compile(model, backend="ember")(ids).logits
