@@ -37,15 +37,16 @@ def to_test_device(x):
     if not isinstance(x, torch.Tensor) or test_device() == "cpu":
         return x
     elements = x.untyped_storage().nbytes() // x.element_size()
-    storage = torch.empty(0, dtype=x.dtype).set_(x.untyped_storage(), 0, (elements,))
+    storage = torch.empty(0, dtype=x.dtype, device=x.device).set_(x.untyped_storage(), 0, (elements,))
     return storage.to(test_device()).as_strided(x.shape, x.stride(), x.storage_offset()).requires_grad_(x.requires_grad)
 
 
 def check(fn: Callable, *inputs, rtol: float = 1.3e-5, atol: float = 1e-5):
     """Run `fn` compiled by ember and eagerly; assert they agree. Returns ember's result."""
+    on_device = tree_map(to_test_device, inputs)
     # tensors the function creates land beside its inputs
     with torch.device(test_device()) if test_device() != "cpu" else contextlib.nullcontext():
-        actual = compile_fn(fn)(*tree_map(to_test_device, inputs))
+        actual = compile_fn(fn)(*on_device)
     actual = tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, actual)
     same_dtype = fn(*inputs)
     upcast_result = fn(*tree_map(upcast, inputs))
