@@ -13,7 +13,7 @@ import torch
 
 import ember
 from tests import helpers
-from tests.helpers import check_lowered, compile_fn
+from tests.helpers import check_lowered, compile_fn, to_test_device
 
 f32, f64, i32, i64, b8 = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
 
@@ -102,14 +102,16 @@ def test_masked_scatter_counts_with_a_scan():
 
 
 def check_gradients(fn: Callable, x: torch.Tensor) -> None:
+    """Forward and backward compiled on the test device (EMBER_TEST_DEVICE), eager float64 on the CPU."""
+
     def grad(run, leaf):
         leaf = leaf.requires_grad_()
         out = run(leaf)
-        weights = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
+        weights = torch.linspace(-1, 2, out.numel(), dtype=out.dtype, device=out.device).reshape(out.shape)
         (out * weights).sum().backward()
-        return leaf.grad
+        return leaf.grad.cpu()
 
-    got = grad(compile_fn(fn), x.detach().clone())
+    got = grad(compile_fn(fn), to_test_device(x.detach().clone()))
     want = grad(fn, x.detach().to(f64))
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
     assert ember.metrics.fallback_calls == 0, dict(ember.metrics.fallback_ops)

@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from tests import test_indexing, test_models, test_ops, test_reductions
-from tests.helpers import check
+from ember.runtime import triton as triton_runtime
+from tests import test_indexing, test_models, test_ops, test_reductions, test_scans
+from tests.helpers import check, check_lowered
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter needs TRITON_INTERPRET=1 at start-up"
@@ -74,6 +75,18 @@ test_advanced_indexing = test_indexing.test_advanced_indexing
 test_cat_stack = test_indexing.test_cat_stack
 test_runtime_index_out_of_range_raises = test_indexing.test_runtime_index_out_of_range_raises
 test_encoder_layer_inference_matches_eager = test_models.test_encoder_layer_inference_matches_eager
+test_scans_over_each_dim = _subset(
+    test_scans.test_scans_over_each_dim, dtype=lambda d: d in (torch.float32, torch.bool), dim=lambda d: d in (0, -1)
+)
+test_scans_of_odd_shapes = _subset(test_scans.test_scans_of_odd_shapes, shape=lambda s: s in ((), (0,), (7,), (6, 1)))
+test_scans_of_non_contiguous_inputs = test_scans.test_scans_of_non_contiguous_inputs
+test_scan_nan_and_infinities = test_scans.test_nan_and_infinities
+test_scan_ties_pick_eagers_index = test_scans.test_ties_pick_eagers_index
+test_integer_cumsum_wraps_and_promotes = test_scans.test_integer_cumsum_wraps_and_promotes
+test_scan_kernel_runs_alone_and_feeds_consumers = test_scans.test_scan_kernel_runs_alone_and_feeds_consumers
+test_masked_scatter_counts_with_a_scan = test_scans.test_masked_scatter_counts_with_a_scan
+# cumprod's and cummax's gradients store at computed positions (scatter): not yet on Triton
+test_scan_gradients = _subset(test_scans.test_gradients, op=lambda op: op in ("cumsum", "logcumsumexp"))
 
 
 # ---- what only the Triton path has ------------------------------------------------------------
@@ -144,3 +157,53 @@ def test_small_mlp_inference():
         torch.testing.assert_close(torch.compile(model, backend="ember")(x), model(x), rtol=1e-4, atol=1e-5)
     assert ember.metrics.graphs_failed == 0
     assert ember.metrics.fallback_calls == 0
+
+
+# ---- scans (Note: scans on blocks, renderer/triton_scan.py) -----------------------------------
+
+
+def force_launch(monkeypatch, variant: str, xblock: int, rblock: int) -> None:
+    """Launch every kernel whose rows the configuration takes with it (else the usual choice)."""
+    config, default = triton_runtime.LaunchConfig(variant, xblock, rblock, 1), triton_runtime.candidates
+
+    def forced(variants, xnumel, rnumel, interpret):
+        fits = variant in variants and (variant == "looped" or rblock >= rnumel)
+        return [config] if fits else default(variants, xnumel, rnumel, interpret)
+
+    monkeypatch.setattr(triton_runtime, "candidates", forced)
+
+
+def scan_rows() -> torch.Tensor:
+    x = test_scans.data((5, 37))
+    x[0, 20], x[1, 9], x[1, 30], x[4, 7] = float("nan"), float("inf"), float("-inf"), float("-inf")
+    x[2] = float("-inf")  # logcumsumexp of -inf stays -inf; cummax ties everywhere
+    x[3] = torch.tensor([float(i // 5 % 3) for i in range(37)])  # ties that straddle chunk edges
+    x[4, 8] = float("-inf")
+    return x
+
+
+# (variant, XBLOCK, RBLOCK): a row in one block; rows in chunks, with tails in x and r, so the
+# carry crosses chunk edges at NaN, infinities and ties.
+@pytest.mark.parametrize("launch", [("persistent", 4, 64), ("looped", 2, 8)], ids=["persistent", "looped"])
+def test_scan_variants_agree_with_eager(monkeypatch, launch):
+    force_launch(monkeypatch, *launch)
+    x = scan_rows()
+    check_lowered(test_scans.scans(1, True), x)
+    torch._dynamo.reset()
+    check_lowered(test_scans.scans(0, True), x.t())  # the scanned dim strided, columns on x
+    for dtype in (torch.int64, torch.bool):
+        torch._dynamo.reset()
+        check_lowered(test_scans.scans(-1, False), test_scans.data((5, 37), dtype))
+    torch._dynamo.reset()
+    wrapping = torch.tensor([[5] * 37, [2**61 + 7] * 37])  # int64 sums and products wrap across chunk edges
+    check_lowered({"cumsum": lambda x: x.cumsum(1), "cumprod": lambda x: x.cumprod(1)}, wrapping)
+
+
+def test_long_row_scans_in_chunks(monkeypatch):
+    """100k elements: more than a persistent block holds, so only the looped variant exists."""
+    force_launch(monkeypatch, "looped", 1, 4096)
+    x = test_scans.data((100_000,))
+    x[99_990] = float("inf")
+    check_lowered({"cumsum": lambda x: x.cumsum(0), "count": lambda x: (x > 0).cumsum(0),
+                   "logcumsumexp": lambda x: x[:9000].logcumsumexp(0)}, x)  # fmt: skip
+    assert ember.metrics.kernels_generated == 3

@@ -203,10 +203,11 @@ class KernelShape:
     reduces: tuple[UOp, ...]  # REDUCEs, sources before users
     xnumel: int
     rnumel: int  # the largest phase extent (0 for pointwise kernels)
+    scans: tuple[UOp, ...] = ()  # SCANs, over the one inner range (Note: scans on blocks, triton_scan.py)
 
     @property
     def pointwise(self) -> bool:
-        return not self.reduces
+        return not self.reduces and not self.scans
 
 
 def kernel_shape(sink: UOp) -> KernelShape:
@@ -284,6 +285,9 @@ class TritonKernel:
 
 
 class _Renderer:
+    prelude = ""  # jit helpers this kind of kernel calls, beyond PRELUDE
+    persistent_limit = PERSISTENT_LIMIT
+
     def __init__(self, sink: UOp, shape: KernelShape, errors: list[CheckArg], persistent: bool, bits: int):
         self.sink, self.shape, self.errors, self.persistent = sink, shape, errors, persistent
         self.bits = bits
@@ -514,7 +518,13 @@ def ember_ipow(a, b):
 
 def render_triton(name: str, sink: UOp, written: frozenset[str]) -> TritonKernel:
     """`sink` is the kernel AST after `rewrite_for_blocks`."""
-    shape = kernel_shape(sink)
+    renderer: type[_Renderer] = _Renderer
+    if any(u.op is Ops.SCAN for u in sink.toposort):
+        from ember.renderer.triton_scan import ScanRenderer, scan_kernel_shape  # it builds on this module
+
+        renderer, shape = ScanRenderer, scan_kernel_shape(sink)
+    else:
+        shape = kernel_shape(sink)
     buffers = sorted({u.arg.name: u for u in sink.toposort if u.op is Ops.BUFFER}.values(),
                      key=lambda b: int(b.arg.name[1:]))  # fmt: skip
     params = [(b.arg.name, b.dtype, b.arg.name in written) for b in buffers]
@@ -526,12 +536,12 @@ def render_triton(name: str, sink: UOp, written: frozenset[str]) -> TritonKernel
     if shape.pointwise:
         variants = ["pointwise"]
     else:
-        variants = (["persistent"] if shape.rnumel <= PERSISTENT_LIMIT else []) + ["looped"]
+        variants = (["persistent"] if shape.rnumel <= renderer.persistent_limit else []) + ["looped"]
     functions = []
     for variant in variants:
-        lines = _Renderer(sink, shape, errors, variant == "persistent", bits).render()
+        lines = renderer(sink, shape, errors, variant == "persistent", bits).render()
         blocks = "XBLOCK: tl.constexpr" + ("" if shape.pointwise else ", RBLOCK: tl.constexpr")
         head = f"@triton.jit\ndef {name}_{variant}({signature}, {blocks}):\n"
         functions.append(head + "\n".join(lines) + "\n")
-    source = PRELUDE + "\n\n" + "\n\n".join(functions)
+    source = PRELUDE + renderer.prelude + "\n\n" + "\n\n".join(functions)
     return TritonKernel(name, source, params, errors, shape.xnumel, shape.rnumel, variants)
