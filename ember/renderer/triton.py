@@ -18,6 +18,16 @@ Note: blocks for a kernel AST
     deduplicated by their text); the *looped* variant walks each phase in RBLOCK steps,
     with a block accumulator per REDUCE. The launcher (runtime/triton.py) times both.
 
+Note: nested reductions
+    A REDUCE whose source holds another REDUCE that varies with its reduce ranges (the mean
+    over rows of each row's logsumexp: cross-entropy; multilabel_margin_loss) cannot be one
+    block phase: the inner one needs the r axis for its own elements. The enclosing REDUCE is
+    *sequential* instead: a scalar `for` loop over its elements with a [XBLOCK, 1] accumulator,
+    and the reductions inside run as ordinary phases in each iteration (persistent or looped),
+    so nesting goes as deep as the AST does. Phases form a chain (`Phase.parent`): a value is
+    emitted in the innermost phase whose ranges it varies with, so per-row values are
+    computed once per row and row-invariant ones once per program.
+
 Note: kernel errors on the GPU
     As on the CPU (Note: kernel errors, renderer/cpp.py) a failed CHECK computes on with
     its safe value and stores its code (1 + position in `errors`) in `ember_error[0]`, a
@@ -31,6 +41,7 @@ import math
 from dataclasses import dataclass, field
 
 from ember.codegen.phases import check_integer_division, order_loops, pm_checks, pm_unique_reduce_ranges
+from ember.renderer.triton_scatter import ScatterStore, scatter_store_lines
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp
 from ember.uop.pattern import graph_rewrite
@@ -57,9 +68,6 @@ def rewrite_for_blocks(sink: UOp) -> UOp:
         # wrong under the interpreter (numpy has no bfloat16) and not yet checked on a GPU:
         # refused, so the graph runs eagerly rather than risk a wrong answer
         raise NotImplementedError("Triton renderer: float16/bfloat16 kernels are not supported yet")
-    if any(u.op is Ops.STORE and isinstance(u.arg, ScatterArg) for u in sink.toposort):
-        # the C++ renderer's atomic read-combine-write has no Triton twin yet: never a plain store
-        raise NotImplementedError("Triton renderer: stores at computed positions (scatter, index_put) not yet")
     sink = graph_rewrite(sink, pm_symbolic)
     sink = graph_rewrite(sink, pm_unique_reduce_ranges, ctx={})
     sink = order_loops(sink)
@@ -202,8 +210,9 @@ class KernelShape:
     inner: tuple[UOp, ...]  # loop ranges of the final phase (empty for pointwise kernels)
     reduces: tuple[UOp, ...]  # REDUCEs, sources before users
     xnumel: int
-    rnumel: int  # the largest phase extent (0 for pointwise kernels)
+    rnumel: int  # the largest block phase's extent (0 for pointwise kernels)
     scans: tuple[UOp, ...] = ()  # SCANs, over the one inner range (Note: scans on blocks, triton_scan.py)
+    sequential: frozenset[UOp] = frozenset()  # REDUCEs walked one element at a time (Note: nested reductions)
 
     @property
     def pointwise(self) -> bool:
@@ -216,12 +225,13 @@ def kernel_shape(sink: UOp) -> KernelShape:
     if not reduces:
         return KernelShape(tuple(loops), (), (), _numel(loops), 0)
     outer_set = frozenset().union(*(r.ranges for r in reduces))
-    if any(r.arg.reduce for r in outer_set):  # e.g. the mean over rows of a row's logsumexp
-        raise NotImplementedError("Triton renderer: a reduction inside another reduction's loop (not yet)")
+    nested_ranges = frozenset(r for r in outer_set if r.arg.reduce)  # e.g. the mean over rows of a row's logsumexp
+    sequential = frozenset(red for red in reduces if nested_ranges & set(red.src[1:]))
     outer = tuple(r for r in loops if r in outer_set)
     inner = tuple(r for r in loops if r not in outer_set)
-    extents = [_numel(red.src[1:]) for red in reduces] + ([_numel(inner)] if inner else [])
-    return KernelShape(outer, inner, reduces, _numel(outer), max(extents))
+    blocked = [_numel(red.src[1:]) for red in reduces if red not in sequential]
+    extents = blocked + ([_numel(inner)] if inner else [])
+    return KernelShape(outer, inner, reduces, _numel(outer), max(extents, default=1), sequential=sequential)
 
 
 def _numel(ranges) -> int:
@@ -262,12 +272,22 @@ class Scope:
 
 @dataclass
 class Phase:
-    """One pass over the r axis (Note: blocks for a kernel AST)."""
+    """One pass over the r axis (Note: blocks for a kernel AST), or with `sequential` a loop
+    over a reduction's elements one at a time (Note: nested reductions)."""
 
     ranges: tuple[UOp, ...]
     numel: int
     scope: Scope
-    index: str  # the flattened r position's variable
+    index: str  # the flattened r position's variable (a block), or the loop's (a scalar)
+    parent: Phase | None = None  # the phase this one runs inside
+    sequential: bool = False
+
+    def chain(self):
+        """This phase and those it runs inside, innermost first."""
+        phase: Phase | None = self
+        while phase is not None:
+            yield phase
+            phase = phase.parent
 
 
 @dataclass
@@ -294,6 +314,7 @@ class _Renderer:
         self.top = Scope([], "    ")
         self.counter = 0
         self.memo: dict[tuple[int, UOp], str] = {}  # (id of phase or 0, uop) -> name
+        self.phases: list[Phase] = []  # every phase opened, alive while their ids key `memo`
 
     # -- structure --
     def render(self) -> list[str]:
@@ -303,7 +324,8 @@ class _Renderer:
         top.lines += [f"    xindex = {offset} * XBLOCK + tl.arange(0, XBLOCK){xdims}",
                       f"    xmask = xindex < {self.shape.xnumel}"]  # fmt: skip
         for red in self.shape.reduces:
-            self.value(red, None)
+            if not any(r.arg.reduce for r in red.ranges):  # nested ones render inside their loop
+                self.value(red, None)
         stores = [s for s in self.sink.src if s.op is Ops.STORE]
         outer_set = set(self.shape.outer)
         outer_stores = [s for s in stores if s.ranges <= outer_set]
@@ -311,30 +333,47 @@ class _Renderer:
             self.store(store, None)
         inner_stores = [s for s in stores if s not in outer_stores]
         if inner_stores:
-            phase = self.open_phase(self.shape.inner)
+            phase = self.open_phase(self.shape.inner, None)
             for store in inner_stores:
                 self.store(store, phase)
             self.close_phase(phase)
         return top.lines
 
-    def open_phase(self, ranges: tuple[UOp, ...]) -> Phase:
-        numel = _numel(ranges)
+    def open_phase(self, ranges: tuple[UOp, ...], parent: Phase | None) -> Phase:
+        numel, outside = _numel(ranges), self.scope_of(parent)
         if self.persistent:
-            scope = self.top  # one flat scope: phases share rindex and their loads (Note: blocks)
+            # one flat scope: phases share rindex and their loads (Note: blocks)
             if "rbase" not in self.top.names:
                 self.top.names["rbase"] = "rbase"
                 self.top.lines.append("    rbase = tl.arange(0, RBLOCK)[None, :]" + self._widen())
-            return Phase(ranges, numel, scope, "rbase")
-        scope = Scope([f"    for roffset in range(0, {numel}, RBLOCK):"], "        ", self.top)
-        scope.lines.append(f"        rindex = roffset + tl.arange(0, RBLOCK)[None, :]{self._widen()}")
-        return Phase(ranges, numel, scope, "rindex")
+            return self._keep(Phase(ranges, numel, outside, "rbase", parent))
+        pad = outside.indent + "    "
+        scope = Scope([f"{outside.indent}for roffset in range(0, {numel}, RBLOCK):"], pad, outside)
+        scope.lines.append(f"{pad}rindex = roffset + tl.arange(0, RBLOCK)[None, :]{self._widen()}")
+        return self._keep(Phase(ranges, numel, scope, "rindex", parent))
+
+    def open_loop(self, ranges: tuple[UOp, ...], parent: Phase | None) -> Phase:
+        """A sequential phase: a scalar loop over `ranges` (Note: nested reductions)."""
+        outside, name = self.scope_of(parent), f"e{self.counter}"
+        self.counter += 1
+        pad = outside.indent + "    "
+        scope = Scope([f"{outside.indent}for {name} in range({_numel(ranges)}):"], pad, outside)
+        index = name if self.bits == 32 else f"tl.cast({name}, tl.int64)"
+        return self._keep(Phase(ranges, _numel(ranges), scope, index, parent, sequential=True))
+
+    def _keep(self, phase: Phase) -> Phase:
+        self.phases.append(phase)
+        return phase
+
+    def scope_of(self, phase: Phase | None) -> Scope:
+        return phase.scope if phase is not None else self.top
 
     def _widen(self) -> str:
         return "" if self.bits == 32 else ".to(tl.int64)"
 
     def close_phase(self, phase: Phase) -> None:
-        if not self.persistent:
-            self.top.lines += phase.scope.lines
+        if phase.sequential or not self.persistent:
+            self.scope_of(phase.parent).lines += phase.scope.lines
 
     def emit(self, scope: Scope, text: str) -> str:
         if (name := scope.lookup(text)) is not None:
@@ -348,7 +387,7 @@ class _Renderer:
     # -- values --
     def value(self, u: UOp, phase: Phase | None) -> str:
         """The name (or inline text) of `u`'s value, emitted into the scope it varies in."""
-        here = phase if phase is not None and (u.ranges & set(phase.ranges)) else None
+        here = next((p for p in phase.chain() if u.ranges & set(p.ranges)), None) if phase is not None else None
         key = (id(here) if here is not None else 0, u)
         if key in self.memo:
             return self.memo[key]
@@ -357,7 +396,7 @@ class _Renderer:
         return text
 
     def _value(self, u: UOp, phase: Phase | None) -> str:
-        scope = phase.scope if phase is not None else self.top
+        scope = self.scope_of(phase)
         if u.op is Ops.CONST:
             return render_const(u.arg, u.dtype)
         if u.op is Ops.RANGE:
@@ -365,7 +404,7 @@ class _Renderer:
         if u.op is Ops.LOAD:
             return self.emit(scope, self.load_text(u.src[0], phase))
         if u.op is Ops.REDUCE:
-            return self.reduce(u)
+            return self.reduce(u, phase)
         if u.op is Ops.CHECK:
             return self.check(u, phase)
         srcs = [self.value(s, phase) for s in u.src]
@@ -381,17 +420,19 @@ class _Renderer:
     def range_text(self, r: UOp, phase: Phase | None) -> str:
         if r in self.shape.outer:
             return _decompose("xindex", self.shape.outer, r)
-        if phase is None or r not in phase.ranges:
+        owner = next((p for p in phase.chain() if r in p.ranges), None) if phase is not None else None
+        if owner is None:
             raise RuntimeError(f"Triton renderer: range r{r.arg.axis} used outside its phase")
-        return _decompose(phase.index, phase.ranges, r)
+        return _decompose(owner.index, owner.ranges, r)
 
     def mask(self, index: UOp, phase: Phase | None) -> str | None:
         ranges = {r for r in index.toposort if r.op is Ops.RANGE}
         parts = []
         if ranges & set(self.shape.outer):
             parts.append("xmask")
-        if phase is not None and ranges & set(phase.ranges):
-            parts.append(f"({phase.index} < {phase.numel})")
+        for p in phase.chain() if phase is not None else ():
+            if not p.sequential and ranges & set(p.ranges):
+                parts.append(f"({p.index} < {p.numel})")
         return " & ".join(parts) if parts else None
 
     def load_text(self, index: UOp, phase: Phase | None) -> str:
@@ -401,27 +442,46 @@ class _Renderer:
         return f"tl.load({pointer}, mask={mask})" if mask else f"tl.load({pointer})"
 
     def full_mask(self, phase: Phase | None) -> str:
-        if phase is None:
-            return "xmask"
-        return f"xmask & ({phase.index} < {phase.numel})"
+        block = self.block_phase(phase)
+        return "xmask" if block is None else f"xmask & ({block.index} < {block.numel})"
+
+    def block_phase(self, phase: Phase | None) -> Phase | None:
+        """The phase over the r axis that `phase` is or runs in (a sequential one runs in none)."""
+        return next((p for p in phase.chain() if not p.sequential), None) if phase is not None else None
 
     def block_shape(self, phase: Phase | None) -> str:
         if self.shape.pointwise:
             return "[XBLOCK]"
-        return "[XBLOCK, 1]" if phase is None else "[XBLOCK, RBLOCK]"
+        return "[XBLOCK, 1]" if self.block_phase(phase) is None else "[XBLOCK, RBLOCK]"
 
     def store(self, store: UOp, phase: Phase | None) -> None:
         index, value = store.src
         buffer, position = index.src
-        scope = phase.scope if phase is not None else self.top
+        scope = self.scope_of(phase)
         pointer = f"tl.broadcast_to({buffer.arg.name} + {self.value(position, phase)}, {self.block_shape(phase)})"
         stored = self.value(value, phase)
         if value.dtype != buffer.dtype:
             stored = f"{stored}.to({tl_type(buffer.dtype)})"
+        if isinstance(store.arg, ScatterArg):
+            self.scatter_store(store, stored, phase)
+            return
         scope.lines.append(f"{scope.indent}tl.store({pointer}, {stored}, mask={self.full_mask(phase)})")
 
+    def scatter_store(self, store: UOp, stored: str, phase: Phase | None) -> None:
+        """Note: stores at computed positions on the GPU (renderer/triton_scatter.py)."""
+        (buffer, position), value = store.src[0].src, store.src[1]
+        scope, shape = self.scope_of(phase), self.block_shape(phase)
+        if value.op is Ops.CONST:  # a literal has no block shape (nor .to())
+            literal = render_const(value.arg, dtypes.float32 if value.dtype.is_float else value.dtype)
+            stored = f"tl.full({shape}, {literal}, {tl_type(buffer.dtype)})"
+        spec = ScatterStore(store.arg, buffer.dtype, tl_type(buffer.dtype), buffer.arg.name,
+                            self.value(position, phase), stored, self.full_mask(phase), shape,
+                            f"s{self.counter}_", scope.indent)  # fmt: skip
+        self.counter += 1
+        scope.lines += scatter_store_lines(spec)
+
     def check(self, u: UOp, phase: Phase | None) -> str:
-        scope = phase.scope if phase is not None else self.top
+        scope = self.scope_of(phase)
         value, ok = self.value(u.src[0], phase), self.value(u.src[1], phase)
         code = self.errors.index(u.arg) + 1
         pointer = f"tl.broadcast_to(ember_error + 0, {self.block_shape(phase)})"
@@ -430,23 +490,40 @@ class _Renderer:
             scope.lines.append(line)
         return value
 
-    def reduce(self, red: UOp) -> str:
+    def reduce(self, red: UOp, parent: Phase | None) -> str:
+        if red in self.shape.sequential:
+            return self.sequential_reduce(red, parent)
         combine, dtype = red.arg, red.dtype
         identity = render_const(reduce_identity(combine, dtype), dtype)
-        phase = self.open_phase(red.src[1:])
+        outside = self.scope_of(parent)
+        phase = self.open_phase(red.src[1:], parent)
         value = self.value(red.src[0], phase)
         mask = self.full_mask(phase)
         call = REDUCE_CALLS[combine]
         if self.persistent:
-            masked = self.emit(self.top, f"tl.where({mask}, {value}, {identity})")
-            return self.emit(self.top, f"{call}(tl.broadcast_to({masked}, [XBLOCK, RBLOCK]), 1, keep_dims=True)")
+            masked = self.emit(outside, f"tl.where({mask}, {value}, {identity})")
+            return self.emit(outside, f"{call}(tl.broadcast_to({masked}, [XBLOCK, RBLOCK]), 1, keep_dims=True)")
         acc = f"acc{self.counter}"
         self.counter += 1
-        self.top.lines.append(f"    {acc} = tl.full([XBLOCK, RBLOCK], {identity}, {tl_type(dtype)})")
+        outside.lines.append(f"{outside.indent}{acc} = tl.full([XBLOCK, RBLOCK], {identity}, {tl_type(dtype)})")
         masked = f"tl.where({mask}, {value}, {identity})"
-        phase.scope.lines.append(f"        {acc} = {combine_expr(combine, dtype, acc, masked)}")
+        phase.scope.lines.append(f"{phase.scope.indent}{acc} = {combine_expr(combine, dtype, acc, masked)}")
         self.close_phase(phase)
-        return self.emit(self.top, f"{call}({acc}, 1, keep_dims=True)")
+        return self.emit(outside, f"{call}({acc}, 1, keep_dims=True)")
+
+    def sequential_reduce(self, red: UOp, parent: Phase | None) -> str:
+        """Note: nested reductions. A [XBLOCK, 1] accumulator updated once per element."""
+        combine, dtype = red.arg, red.dtype
+        identity = render_const(reduce_identity(combine, dtype), dtype)
+        outside = self.scope_of(parent)
+        acc = f"acc{self.counter}"
+        self.counter += 1
+        outside.lines.append(f"{outside.indent}{acc} = tl.full([XBLOCK, 1], {identity}, {tl_type(dtype)})")
+        loop = self.open_loop(red.src[1:], parent)
+        value = self.value(red.src[0], loop)
+        loop.scope.lines.append(f"{loop.scope.indent}{acc} = {combine_expr(combine, dtype, acc, value)}")
+        self.close_phase(loop)
+        return acc
 
 
 def _decompose(index: str, ranges: tuple[UOp, ...], r: UOp) -> str:
