@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from tests import test_indexing, test_models, test_ops, test_reductions
+from tests import test_indexing, test_models, test_ops, test_random, test_reductions
 from tests.helpers import check
 
 pytestmark = pytest.mark.skipif(
@@ -144,3 +144,19 @@ def test_small_mlp_inference():
         torch.testing.assert_close(torch.compile(model, backend="ember")(x), model(x), rtol=1e-4, atol=1e-5)
     assert ember.metrics.graphs_failed == 0
     assert ember.metrics.fallback_calls == 0
+
+
+# ---- random numbers (Note: counter-based random numbers, lower/random.py) -----------------------
+# (the statistics tests draw 2**20 values: minutes under the interpreter; they run on the GPU)
+
+test_random_cpp_and_triton_kernels_draw_the_same_numbers = test_random.test_cpp_and_triton_kernels_draw_the_same_numbers
+test_random_two_random_ops_in_one_graph_differ = test_random.test_two_random_ops_in_one_graph_differ
+test_random_value_read_in_several_kernels = test_random.test_a_random_value_read_in_several_kernels_is_one_value
+test_random_dropout_backward_uses_the_forward_mask = test_random.test_dropout_backward_uses_the_forward_mask
+test_random_dropout_fuses_with_its_neighbours = test_random.test_dropout_fuses_with_its_neighbours
+test_random_dropout_edge_probabilities = test_random.test_dropout_edge_probabilities
+test_random_training_step_with_dropout = test_random.test_training_step_with_dropout_has_no_fallbacks
+test_random_shapes_strides_and_dtypes = test_random.test_shapes_strides_and_dtypes_follow_eager
+test_random_op_variants = test_random.test_random_op_variants_lower_without_fallbacks
+test_random_randint_of_the_widest_ranges = test_random.test_randint_of_the_widest_ranges
+test_random_fallback_random_matches_eager = test_random.test_fallback_random_matches_eager_bit_for_bit
