@@ -16,6 +16,7 @@ import ember
 from ember.codegen.kernel import build_kernel_ast
 from ember.config import Config
 from ember.errors import EmberError
+from ember.lower.random import SEED_BUFFER
 from ember.metrics import metrics
 from ember.renderer.triton import TritonKernel, render_triton, rewrite_for_blocks
 from ember.runtime.triton import write_module
@@ -51,7 +52,8 @@ def codegen_triton_kernel(step: KernelStep) -> tuple[TritonKernel, tuple[str, ..
         ast = build_kernel_ast(step.group, step.stored)
         sink = rewrite_for_blocks(ast.sink)
         name = f"triton_{sink.key[:16]}"
-        return render_triton(name, sink, ast.outputs), ast.params
+        scalars = frozenset(f"p{i}" for i, buffer in enumerate(ast.params) if buffer == SEED_BUFFER)
+        return render_triton(name, sink, ast.outputs, scalars), ast.params
     except Exception as e:
         origins = ", ".join(o for c in step.group for o in c.origins)
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import ember
 from ember.runtime import triton as triton_runtime
-from tests import test_indexing, test_models, test_ops, test_reductions, test_scans, test_scatter, test_schedule
+from tests import test_indexing, test_models, test_ops, test_random, test_reductions, test_scans, test_scatter, test_schedule
 from tests.helpers import check, check_lowered, data
 
 pytestmark = pytest.mark.skipif(
@@ -312,3 +312,19 @@ def test_cross_entropy_forward_and_backward(width):
     torch.testing.assert_close(loss, want)
     torch.testing.assert_close(got, x.grad)
     assert ember.metrics.fallback_calls == 0 and ember.metrics.graphs_failed == 0
+
+
+# ---- random numbers (Note: counter-based random numbers, lower/random.py) -----------------------
+# (the statistics tests draw 2**20 values: minutes under the interpreter; they run on the GPU)
+
+test_random_cpp_and_triton_kernels_draw_the_same_numbers = test_random.test_cpp_and_triton_kernels_draw_the_same_numbers
+test_random_two_random_ops_in_one_graph_differ = test_random.test_two_random_ops_in_one_graph_differ
+test_random_value_read_in_several_kernels = test_random.test_a_random_value_read_in_several_kernels_is_one_value
+test_random_dropout_backward_uses_the_forward_mask = test_random.test_dropout_backward_uses_the_forward_mask
+test_random_dropout_fuses_with_its_neighbours = test_random.test_dropout_fuses_with_its_neighbours
+test_random_dropout_edge_probabilities = test_random.test_dropout_edge_probabilities
+test_random_training_step_with_dropout = test_random.test_training_step_with_dropout_has_no_fallbacks
+test_random_shapes_strides_and_dtypes = test_random.test_shapes_strides_and_dtypes_follow_eager
+test_random_op_variants = test_random.test_random_op_variants_lower_without_fallbacks
+test_random_randint_of_the_widest_ranges = test_random.test_randint_of_the_widest_ranges
+test_random_fallback_random_matches_eager = test_random.test_fallback_random_matches_eager_bit_for_bit

@@ -142,7 +142,7 @@ def _check_supported(ctx: LoweringContext, kwargs: dict) -> None:
     if kwargs.get("generator") is not None:
         raise Unsupported("an explicit torch.Generator draws from its own state")
     device = kwargs.get("device")
-    if device is not None and torch.device(device).type != "cpu":
+    if device is not None and torch.device(device).type not in ("cpu", "cuda"):
         raise Unsupported(f"random numbers on {device}")
 
 

@@ -51,7 +51,8 @@ PERSISTENT_LIMIT = 16384  # the largest row a persistent variant keeps in one bl
 
 TL_TYPES = {
     "bool": "tl.int1", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32", "int64": "tl.int64",
-    "uint8": "tl.uint8", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
+    "uint8": "tl.uint8", "uint16": "tl.uint16", "uint32": "tl.uint32", "float16": "tl.float16",
+    "bfloat16": "tl.bfloat16", "float32": "tl.float32",
     "float64": "tl.float64", "index": "tl.int64",
 }  # fmt: skip
 
@@ -146,6 +147,8 @@ def _binary(u: UOp, a: str, b: str) -> str:
 
 def _unary(u: UOp, x: str) -> str:
     source = u.src[0].dtype
+    if u.op is Ops.BITCAST:
+        return f"{x}.to({tl_type(u.dtype)}, bitcast=True)"
     if u.op is Ops.CAST:
         if u.dtype.is_bool:
             return f"({x} != 0)"
@@ -308,9 +311,10 @@ class _Renderer:
     prelude = ""  # jit helpers this kind of kernel calls, beyond PRELUDE
     persistent_limit = PERSISTENT_LIMIT
 
-    def __init__(self, sink: UOp, shape: KernelShape, errors: list[CheckArg], persistent: bool, bits: int):
+    def __init__(self, sink: UOp, shape: KernelShape, errors: list[CheckArg], persistent: bool, bits: int,
+                 scalars: frozenset[str] = frozenset()):  # fmt: skip
         self.sink, self.shape, self.errors, self.persistent = sink, shape, errors, persistent
-        self.bits = bits
+        self.bits, self.scalars = bits, scalars
         self.top = Scope([], "    ")
         self.counter = 0
         self.memo: dict[tuple[int, UOp], str] = {}  # (id of phase or 0, uop) -> name
@@ -407,6 +411,8 @@ class _Renderer:
             return self.reduce(u, phase)
         if u.op is Ops.CHECK:
             return self.check(u, phase)
+        if u.op is Ops.PHILOX:
+            return self.philox(u, phase)
         srcs = [self.value(s, phase) for s in u.src]
         if u.op in TYPED_OPERANDS:  # Triton functions want tensors, not Python numbers
             srcs = [t if s.op is not Ops.CONST or t.startswith("tl.full") else f"tl.full([], {t}, {tl_type(s.dtype)})"
@@ -437,6 +443,8 @@ class _Renderer:
 
     def load_text(self, index: UOp, phase: Phase | None) -> str:
         buffer, position = index.src
+        if buffer.arg.name in self.scalars:  # a one-element buffer passed by value (the seed)
+            return buffer.arg.name
         mask = self.mask(position, phase)
         pointer = f"{buffer.arg.name} + {self.value(position, phase)}"
         return f"tl.load({pointer}, mask={mask})" if mask else f"tl.load({pointer})"
@@ -489,6 +497,18 @@ class _Renderer:
         if line not in scope.lines:
             scope.lines.append(line)
         return value
+
+    def philox(self, u: UOp, phase: Phase | None) -> str:
+        """Word `u.arg` of tl.randint4x(seed, counter): the C++ renderer's ember_philox, bit for
+        bit (Note: counter-based random numbers, lower/random.py). The four words of one
+        counter come from one call (the call's text is deduplicated)."""
+        scope = phase.scope if phase is not None else self.top
+        seed, counter = u.src
+        offset = self.value(counter, phase)
+        if counter.op is Ops.CONST:  # a 0-d random op: randint4x wants a tensor offset
+            offset = f"tl.full([], {counter.arg}, tl.int64)"
+        words = self.emit(scope, f"tl.randint4x({self.value(seed, phase)}, {offset})")
+        return self.emit(scope, f"{words}[{u.arg}]")
 
     def reduce(self, red: UOp, parent: Phase | None) -> str:
         if red in self.shape.sequential:
@@ -593,8 +613,11 @@ def ember_ipow(a, b):
 """
 
 
-def render_triton(name: str, sink: UOp, written: frozenset[str]) -> TritonKernel:
-    """`sink` is the kernel AST after `rewrite_for_blocks`."""
+def render_triton(name: str, sink: UOp, written: frozenset[str], scalars: frozenset[str] = frozenset()
+                  ) -> TritonKernel:  # fmt: skip
+    """`sink` is the kernel AST after `rewrite_for_blocks`. `scalars`: one-element int64 buffers
+    (the random seed) the kernel takes by value rather than as a pointer: no device buffer to
+    fill per call. Typed int64 and never specialized, so every value runs one compiled kernel."""
     renderer: type[_Renderer] = _Renderer
     if any(u.op is Ops.SCAN for u in sink.toposort):
         from ember.renderer.triton_scan import ScanRenderer, scan_kernel_shape  # it builds on this module
@@ -608,7 +631,10 @@ def render_triton(name: str, sink: UOp, written: frozenset[str]) -> TritonKernel
     for _, dtype, _ in params:
         tl_type(dtype)
     errors = list(dict.fromkeys(u.arg for u in sink.toposort if u.op is Ops.CHECK))
-    signature = ", ".join([p for p, _, _ in params] + (["ember_error"] if errors else []))
+    names = [f"{p}: tl.int64" if p in scalars else p for p, _, _ in params]
+    signature = ", ".join(names + (["ember_error"] if errors else []))
+    by_value = sorted(scalars & {p for p, _, _ in params})
+    jit = f"@triton.jit(do_not_specialize={by_value!r})" if by_value else "@triton.jit"
     bits = index_bits(sink, shape)
     if shape.pointwise:
         variants = ["pointwise"]
@@ -616,9 +642,9 @@ def render_triton(name: str, sink: UOp, written: frozenset[str]) -> TritonKernel
         variants = (["persistent"] if shape.rnumel <= renderer.persistent_limit else []) + ["looped"]
     functions = []
     for variant in variants:
-        lines = renderer(sink, shape, errors, variant == "persistent", bits).render()
+        lines = renderer(sink, shape, errors, variant == "persistent", bits, scalars).render()
         blocks = "XBLOCK: tl.constexpr" + ("" if shape.pointwise else ", RBLOCK: tl.constexpr")
-        head = f"@triton.jit\ndef {name}_{variant}({signature}, {blocks}):\n"
+        head = f"{jit}\ndef {name}_{variant}({signature}, {blocks}):\n"
         functions.append(head + "\n".join(lines) + "\n")
     source = PRELUDE + renderer.prelude + "\n\n" + "\n\n".join(functions)
     return TritonKernel(name, source, params, errors, shape.xnumel, shape.rnumel, variants)

@@ -54,9 +54,10 @@ class DrawSeed:
     (Note: counter-based random numbers, lower/random.py)."""
 
     buffer: Buffer
+    by_value: bool = False  # Triton kernels take the seed as an int argument, not a tensor
 
     def render(self) -> str:
-        return f"{self.buffer.name} = random_seed()"
+        return f"{self.buffer.name} = {'random_seed_value' if self.by_value else 'random_seed'}()"
 
 
 @dataclass

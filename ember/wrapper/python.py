@@ -29,7 +29,7 @@ HEADER = """\
 import torch
 from ember.wrapper.runtime import (
     GpuErrorFlags, KernelErrorFlag, as_strided, assert_layout, empty_strided, ensure_layout, load_kernel,
-    constant_on, load_triton_kernel, random_seed, tree_leaves,
+    constant_on, load_triton_kernel, random_seed, random_seed_value, tree_leaves,
 )
 
 aten = torch.ops.aten
@@ -70,7 +70,8 @@ def generate_wrapper(
     body: list[L.Line] = [L.AssertInput(b) for b in graph.inputs]
     body += [L.MoveToDevice(b.name) for b in graph.inputs if b.name in host_inputs]
     read = {name for step in steps for name in reads_of(step)}  # (a dead random op needs no seed)
-    body += [L.DrawSeed(b) for b in graph.buffers.values() if b.kind == "seed" and b.name in read]
+    triton = any(k.triton is not None for k in kernels.values())
+    body += [L.DrawSeed(b, triton) for b in graph.buffers.values() if b.kind == "seed" and b.name in read]
     freed = graph_last_uses(graph, steps)
     for i, step in enumerate(steps):
         if isinstance(step, KernelStep):

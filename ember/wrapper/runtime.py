@@ -19,7 +19,7 @@ def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
 
 
 __all__ = [
-    "GpuErrorFlags", "KernelErrorFlag", "load_triton_kernel", "constant_on", "random_seed",
+    "GpuErrorFlags", "KernelErrorFlag", "load_triton_kernel", "constant_on", "random_seed", "random_seed_value",
     "as_strided", "assert_layout", "empty_strided", "ensure_layout", "load_kernel", "tree_leaves",
 ]  # fmt: skip
 
@@ -28,6 +28,12 @@ def random_seed() -> torch.Tensor:
     """The seed of one call's random ops: drawn from torch's default generator, so
     `torch.manual_seed` makes a compiled graph's random values reproducible."""
     return torch.randint(SEED_BOUND, (1,), dtype=torch.int64)
+
+
+def random_seed_value() -> int:
+    """`random_seed()` as an int, for Triton kernels (which take it by value): the same draw
+    from the same (CPU) generator, so a CPU and a CUDA graph see the same seed."""
+    return int(torch.randint(SEED_BOUND, (1,), dtype=torch.int64).item())
 
 
 # Seeds are non-negative int64s (Philox takes 64 key bits; Triton reads a seed as uint64).
