@@ -125,12 +125,14 @@ def test_split_extremes_and_first_index_ties(values):
         x[:] = -math.inf
     else:  # many equal maxima and minima in different chunks: eager returns the first
         x = torch.randint(0, 3, (1001,)).float()
+    _split(256)  # 63 chunks of 16
     check(lambda x: (x.amax(), x.amin(), x.argmax(), x.argmin(), x.max(0), x.min(0)), x)
     assert ember.metrics.fallback_calls == 0
 
 
 def test_integer_sums_wrap_like_eager():
     torch.manual_seed(0)
+    _split(128)
     big = torch.randint(2**60, 2**62, (500,), dtype=torch.int64)  # the int64 sum wraps around
     check(lambda x: (x.sum(), x.amax(), x.argmin(), (x % 7).prod()), big)
     small = torch.randint(-100, 100, (3, 400), dtype=torch.int32)
@@ -144,7 +146,18 @@ def test_split_var_mean_accuracy(dtype):
     torch.manual_seed(0)
     x = (torch.randn(2, 1500) * 1e-2 + 1000).to(dtype)  # a large mean: cancellation would show
     check(lambda x: (torch.var_mean(x), torch.var_mean(x, 1), torch.std(x, 1, correction=0)), x, rtol=1e-5)
+    outliers = x.clone().flatten()
+    outliers[::97] = 1e6  # far from every chunk's mean, at chunk starts too
+    check(lambda x: (x.var(), torch.var_mean(x, correction=0)), outliers, rtol=1e-5)
     assert ember.metrics.fallback_calls == 0
+
+
+def test_split_variance_reads_its_input_in_one_kernel():
+    torch.manual_seed(0)
+    x = torch.randn(3001)
+    check(lambda x: x.var(), x)
+    # one kernel reads x for chunk sums and squared deviations from the chunk means; one combines
+    assert ember.metrics.kernels_generated == 2
 
 
 def test_split_mean_feeds_pointwise_consumers():
@@ -163,6 +176,6 @@ def test_empty_and_one_element_reductions_are_not_split():
 
 def test_large_reduction_accuracy_at_the_default_threshold():
     _split(32768)
-    x = torch.rand(300_000) + 1000
+    x = torch.rand(100_000) + 1000
     check(lambda x: (x.sum(), x.mean()), x)
     assert ember.metrics.kernels_generated == 3  # partials of the sum, and two finals

@@ -49,13 +49,16 @@ class SplitPolicy:
     min_extent: int  # reductions shorter than this stay whole (0: never split)
     max_outputs: int = 256  # this many outputs already fill the GPU (about 2 per SM of an H100)
     target_programs: int = 1024  # programs the partials kernel aims at (about 8 per SM)
+    one_pass_chunk: int = 4096  # var's chunks: short enough that a program holds one (persistent)
 
-    def splits(self, outputs: int, extent: int) -> tuple[int, int] | None:
+    def splits(self, outputs: int, extent: int, max_chunk: int | None = None) -> tuple[int, int] | None:
         """(number of chunks, chunk length), or None to keep the reduction whole."""
         if self.min_extent <= 0 or extent < self.min_extent or outputs >= self.max_outputs or outputs == 0:
             return None
         min_chunk = max(self.min_extent // 16, 1)
         count = min(_ceil_div(self.target_programs, outputs), extent // min_chunk)
+        if max_chunk is not None:
+            count = max(count, _ceil_div(extent, max_chunk))
         if count < 2:
             return None
         align = min(1024, 1 << (min_chunk.bit_length() - 1))  # chunks start at aligned positions
@@ -83,28 +86,50 @@ def split_reductions(graph: LoweredGraph, ctx: LoweringContext, policy: SplitPol
     return total
 
 
+@dataclass(frozen=True)
+class Chunks:
+    """How one REDUCE splits: `count` chunks of `length` of its `extent` flattened reduced
+    positions, for each position of the outer `axes` (of `sizes`) of the step's buffer."""
+
+    count: int
+    length: int
+    extent: int
+    axes: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+
 def _split_step(step: ComputedBuffer, ctx: LoweringContext, policy: SplitPolicy,
                 done: dict[tuple[UOp, tuple[int, ...]], UOp]) -> tuple[list, ComputedBuffer]:  # fmt: skip
     """`done`: reductions split for earlier steps (var_mean's mean is in both of its outputs)."""
     shape = step.buffer.layout.size
     replaced: dict[UOp, UOp] = {}  # original REDUCE -> REDUCE over its partials
-    partials: list[ComputedBuffer] = []
-    for red in [u for u in step.body.toposort if u.op is Ops.REDUCE]:
+    partials: list[tuple[Buffer, UOp]] = []  # (buffer, body)
+    reduces = [u for u in step.body.toposort if u.op is Ops.REDUCE]
+    variances = {parts[0]: red for red in reduces if (parts := variance_parts(red)) is not None}
+    for red in reduces:
+        if red in replaced:
+            continue
         current = substitute(red, replaced) if replaced else red
-        axes = sorted({u.arg for u in current.toposort if u.op is Ops.AXIS})
+        axes = tuple(sorted({u.arg for u in current.toposort if u.op is Ops.AXIS}))
         sizes = tuple(shape[a] for a in axes)
         if (current, sizes) in done:
             replaced[red] = done[current, sizes]
             continue
-        split = policy.splits(math.prod(sizes), math.prod(r.src[0].arg for r in current.src[1:]))
+        extent = math.prod(r.src[0].arg for r in current.src[1:])
+        one_pass = red in variances and variances[red] not in replaced
+        split = policy.splits(math.prod(sizes), extent, policy.one_pass_chunk if one_pass else None)
         if split is None or _reads_own_ranges(current):
             continue
-        buffer, body = _partials(current, axes, list(sizes), split, ctx)
-        partials.append(ComputedBuffer(buffer, body, step.origins, split_partials=True))
-        replaced[red] = done[current, sizes] = _reduce_partials(current, buffer, axes, ctx)
+        chunks = Chunks(*split, extent, axes, sizes)
+        if one_pass:
+            replaced[red], replaced[variances[red]] = _split_variance(current, chunks, ctx, partials)
+        else:
+            replaced[red] = _reduce_partials(current, _partials(current, chunks, ctx, partials), chunks, ctx)
+        done[current, sizes] = replaced[red]
     if not replaced:
         return [], step
-    return partials, ComputedBuffer(step.buffer, substitute(step.body, replaced), step.origins)
+    computed = [ComputedBuffer(b, body, step.origins, split_partials=True) for b, body in partials]
+    return computed, ComputedBuffer(step.buffer, substitute(step.body, replaced), step.origins)
 
 
 def _reads_own_ranges(red: UOp) -> bool:
@@ -113,38 +138,114 @@ def _reads_own_ranges(red: UOp) -> bool:
     return any(u is not red and u.op is Ops.REDUCE and u.ranges & own for u in red.toposort)
 
 
-def _partials(red: UOp, axes: list[int], sizes: list[int], split: tuple[int, int],
-              ctx: LoweringContext) -> tuple[Buffer, UOp]:  # fmt: skip
-    """The partials buffer (S, *sizes) and its body: chunk AXIS 0 of the reduced positions,
-    the outer axes moved one place right."""
-    count, chunk = split
-    ranges = red.src[1:]
-    extent = math.prod(r.src[0].arg for r in ranges)
-    step = ctx.reduce_range(chunk)
-    flat = axis(0) * chunk + step
+def _chunk_positions(red: UOp, chunks: Chunks, step: UOp) -> tuple[dict[UOp, UOp], UOp | None]:
+    """The substitution that reads `red`'s value at position `step` of chunk AXIS 0 (outer axes
+    moved one place right), and the condition that the position is inside the extent (None:
+    always)."""
+    flat = axis(0) * chunks.length + step
     inside = None
-    if count * chunk != extent:
-        inside = flat.alu(Ops.CMPLT, UOp.const(dtypes.index, extent))
+    if chunks.count * chunks.length != chunks.extent:
+        inside = flat.alu(Ops.CMPLT, UOp.const(dtypes.index, chunks.extent))
         flat = inside.where(flat, UOp.const(dtypes.index, 0))
-    mapping = {axis(a): axis(i + 1) for i, a in enumerate(axes)}
-    stride = extent
-    for r in ranges:
+    mapping = {axis(a): axis(i + 1) for i, a in enumerate(chunks.axes)}
+    stride = chunks.extent
+    for r in red.src[1:]:
         size = r.src[0].arg
         stride //= size
         position = flat if stride == 1 else flat // stride
-        mapping[r] = position if stride * size == extent else position % size
+        mapping[r] = position if stride * size == chunks.extent else position % size
+    return mapping, inside
+
+
+def _chunk_reduce(red: UOp, chunks: Chunks, ctx: LoweringContext, then=None) -> UOp:
+    """REDUCE over one chunk of `red`'s value (`then` applied to it after the move to chunk
+    positions), the combine's identity past the end."""
+    step = ctx.reduce_range(chunks.length)
+    mapping, inside = _chunk_positions(red, chunks, step)
     value = substitute(red.src[0], mapping)
+    if then is not None:
+        value = then(value)
     if inside is not None:
-        value = inside.where(value, UOp.const(red.dtype, identity(red.arg, red.dtype)))
-    buffer = ctx.add_buffer(Buffer(ctx.new_name(), red.dtype, Layout.contiguous((count, *sizes)), "computed"))
-    return buffer, UOp(Ops.REDUCE, red.dtype, (value, step), red.arg)
+        value = inside.where(value, UOp.const(value.dtype, identity(red.arg, value.dtype)))
+    return UOp(Ops.REDUCE, value.dtype, (value, step), red.arg)
 
 
-def _reduce_partials(red: UOp, buffer: Buffer, axes: list[int], ctx: LoweringContext) -> UOp:
-    part = ctx.reduce_range(buffer.layout.size[0])
-    index = buffer.layout.index([part, *(axis(a) for a in axes)])
-    load = UOp(Ops.LOAD, red.dtype, (UOp(Ops.INDEX, red.dtype, (buffer.uop(), index)),))
-    return UOp(Ops.REDUCE, red.dtype, (load, part), red.arg)
+def _partials(red: UOp, chunks: Chunks, ctx: LoweringContext, partials: list) -> Buffer:
+    """A partials buffer (S, *sizes) whose body reduces chunk AXIS 0; appended to `partials`."""
+    return _partials_of(_chunk_reduce(red, chunks, ctx), chunks, ctx, partials)
+
+
+def _partials_of(body: UOp, chunks: Chunks, ctx: LoweringContext, partials: list) -> Buffer:
+    layout = Layout.contiguous((chunks.count, *chunks.sizes))
+    buffer = ctx.add_buffer(Buffer(ctx.new_name(), body.dtype, layout, "computed"))
+    partials.append((buffer, body))
+    return buffer
+
+
+def _read_partial(buffer: Buffer, part: UOp, chunks: Chunks) -> UOp:
+    index = buffer.layout.index([part, *(axis(a) for a in chunks.axes)])
+    return UOp(Ops.LOAD, buffer.dtype, (UOp(Ops.INDEX, buffer.dtype, (buffer.uop(), index)),))
+
+
+def _reduce_partials(red: UOp, buffer: Buffer, chunks: Chunks, ctx: LoweringContext) -> UOp:
+    part = ctx.reduce_range(chunks.count)
+    return UOp(Ops.REDUCE, red.dtype, (_read_partial(buffer, part, chunks), part), red.arg)
+
+
+# ---- variance in one pass ----------------------------------------------------------------------
+
+
+def variance_parts(red: UOp) -> tuple[UOp, UOp] | None:
+    """(sum, value) when `red` is the sum of squared deviations of `value` from its mean,
+    REDUCE((v - REDUCE(v) / n)^2) over the same positions, as lower/reductions.py builds var."""
+    if red.arg is not Ops.ADD or red.src[0].op is not Ops.MUL or red.src[0].src[0] is not red.src[0].src[1]:
+        return None
+    centered = red.src[0].src[0]
+    if centered.op is not Ops.SUB or centered.src[1].op is not Ops.FDIV:
+        return None
+    value, (total, count) = centered.src[0], centered.src[1].src
+    if total.op is not Ops.REDUCE or total.arg is not Ops.ADD or count.op is not Ops.CONST:
+        return None
+    ranges = red.src[1:]
+    if [r.src[0].arg for r in total.src[1:]] != [r.src[0].arg for r in ranges] or count.arg != math.prod(
+        r.src[0].arg for r in ranges
+    ):
+        return None
+    if substitute(total.src[0], dict(zip(total.src[1:], ranges))) is not value:
+        return None
+    return total, value
+
+
+def _split_variance(total: UOp, chunks: Chunks, ctx: LoweringContext, partials: list) -> tuple[UOp, UOp]:
+    """var's sum and sum of squared deviations in one pass over the data (Note: split
+    reductions): per chunk its sum and the squared deviations from the chunk's own mean (a
+    second pass over values the program holds), combined as Chan et al. do:
+    M2 = sum_s M2_s + sum_s n_s (mean_s - mean)^2. Returns the REDUCEs for (sum, M2)."""
+    chunk_sum = _chunk_reduce(total, chunks, ctx)
+    sums = _partials_of(chunk_sum, chunks, ctx, partials)
+    chunk_mean = chunk_sum.alu(Ops.FDIV, _chunk_length(chunks, axis(0), total.dtype))
+    chunk_m2 = _chunk_reduce(total, chunks, ctx, then=lambda v: _square(v - chunk_mean))
+    deviations = _partials_of(chunk_m2, chunks, ctx, partials)
+    overall = _reduce_partials(total, sums, chunks, ctx)
+    mean = overall.alu(Ops.FDIV, UOp.const(total.dtype, chunks.extent))
+    part = ctx.reduce_range(chunks.count)
+    length = _chunk_length(chunks, part, total.dtype)
+    spread = length * _square(_read_partial(sums, part, chunks).alu(Ops.FDIV, length) - mean)
+    between = UOp(Ops.REDUCE, total.dtype, (spread, part), Ops.ADD)
+    return overall, _reduce_partials(total, deviations, chunks, ctx) + between
+
+
+def _chunk_length(chunks: Chunks, chunk: UOp, dtype: DType) -> UOp:
+    """How many positions chunk `chunk` holds (the last one may be short)."""
+    full = UOp.const(dtype, chunks.length)
+    last = chunks.extent - (chunks.count - 1) * chunks.length
+    if last == chunks.length:
+        return full
+    return chunk.alu(Ops.CMPLT, UOp.const(dtypes.index, chunks.count - 1)).where(full, UOp.const(dtype, last))
+
+
+def _square(x: UOp) -> UOp:
+    return x * x
 
 
 def identity(combine: Ops, dtype: DType) -> int | float | bool:
