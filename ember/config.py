@@ -36,6 +36,9 @@ class Config:
                          "auto: C++ for CPU graphs, Triton for CUDA; triton: Triton for CPU graphs too "
                          "(under Triton's interpreter)")  # fmt: skip
     autotune: bool = _flag(True, "EMBER_AUTOTUNE", True, "time a few launch configurations per Triton kernel")
+    split_reductions: int = _flag(32768, "EMBER_SPLIT_REDUCTIONS", True,
+                                  "Triton: reductions at least this long with few outputs are split over many "
+                                  "programs (Note: split reductions); 0 never splits")  # fmt: skip
 
     def cache_key(self) -> str:
         return repr([(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata["in_cache_key"]])

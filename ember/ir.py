@@ -80,6 +80,7 @@ class ComputedBuffer:
     buffer: Buffer
     body: UOp
     origins: tuple[str, ...] = ()  # FX node names this computation came from, for debugging
+    split_partials: bool = False  # the first level of a split reduction (Note: split reductions)
 
     @property
     def name(self) -> str:

@@ -122,6 +122,8 @@ def why_no_fuse(state: FusionState, a: Group, b: Group) -> str | None:
         return "iteration spaces differ: " + " vs ".join(str(n.step.buffer.layout.size) for n in members)
     if (member := recomputed_member([n.step.buffer.layout.size for n in members], alignment)) is not None:
         return f"{members[member].name} would be recomputed in an inner loop it does not use"
+    if (partials := reads_partials(a, b) or reads_partials(b, a)) is not None:
+        return f"{partials} holds a split reduction's partials: its reader reduces them in another kernel"
     if (through := cycle_through(state, a, b)) is not None:
         return f"fusion would create a cycle through {through}"
     bodies = resolve_bodies([n.step for n in members])
@@ -129,7 +131,17 @@ def why_no_fuse(state: FusionState, a: Group, b: Group) -> str | None:
         return bodies
     if (recomputed := recomputed_reduction(bodies, alignment)) is not None:
         return f"the reduction in {recomputed} would be recomputed for every element of an inner loop"
+    if all(isinstance(n.step, ComputedBuffer) and n.step.split_partials for n in members):
+        return None  # a few KiB of partials held longer, so that one kernel reads the data once
     return peak_memory_refusal(state, a, b)
+
+
+def reads_partials(producer: Group, consumer: Group) -> str | None:
+    """A split reduction's partials fused into their reader would be the reduction in one program
+    again, inside another reduction's loop (Note: split reductions, lower/split_reductions.py)."""
+    partials = {n.name for n in producer.nodes if isinstance(n.step, ComputedBuffer) and n.step.split_partials}
+    read = partials & consumer.reads()
+    return next(iter(sorted(read))) if read else None
 
 
 def cycle_through(state: FusionState, a: Group, b: Group) -> str | None:

@@ -1,0 +1,261 @@
+"""Stage `lower`, GPU graphs only: reductions with few outputs split over many programs.
+
+Takes the LoweredGraph that lower_graph made and, for the Triton backend, rewrites each
+REDUCE that would keep too few GPU programs busy into two computed buffers (Note: split
+reductions). CPU graphs never come here: their reduction loops are already split over
+threads by OpenMP (renderer/cpp.py).
+
+Note: split reductions
+    A Triton kernel's programs walk its outputs (Note: blocks for a kernel AST,
+    renderer/triton.py), so a reduction with few outputs and a long reduced extent
+    (x.sum() of 64M elements, the column sums of a (1M, 16) tensor, a loss) would run on one
+    or a few of the GPU's SMs. Before scheduling, such a REDUCE(value, *ranges) becomes
+      - a *partials* buffer of shape (S, *outer sizes): partials[s, o] reduces chunk s of the
+        row-major flattened reduced positions, positions s*chunk .. s*chunk+chunk-1, so a
+        program reads one contiguous stretch (as inductor's split reductions do);
+      - in the original body, a REDUCE over the S partials.
+    Both levels combine with the REDUCE's own op in its own dtype (float sums in float64,
+    integer sums in int64, max/min in the input's type, NaN-propagating), so results match
+    the one-program reduction up to summation order. The last chunk may run past the end:
+    there the read is clamped to position 0 and the value is the combine's identity.
+    The rewrite walks REDUCEs sources first, so a reduction that reads another one (the
+    squared deviations of var read the mean; argmax's least index that hits the max reads
+    the max, lower/reductions.py) reads it through its already split form: each partials
+    program re-reduces the other's S partials (a few hundred values, from cache) instead of
+    a third kernel. Partials buffers are ordinary computed buffers: the scheduler fuses
+    those of one shape (sum and max of one tensor read it once) and the final REDUCE with
+    its consumers, never a partials buffer into its own final REDUCE (a reduction inside
+    a reduction).
+    Not yet: var reads its input twice (mean, then squared deviations), where a Welford
+    combine of (mean, m2, count) partials would read it once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ember.ir import Buffer, ComputedBuffer, Layout, LoweredGraph
+from ember.lower.context import LoweringContext
+from ember.lower.values import axis
+from ember.uop.dtypes import DType, dtypes
+from ember.uop.ops import Ops, UOp, substitute
+
+
+@dataclass(frozen=True)
+class SplitPolicy:
+    """When a reduction is split, and into how many chunks."""
+
+    min_extent: int  # reductions shorter than this stay whole (0: never split)
+    max_outputs: int = 256  # this many outputs already fill the GPU (about 2 per SM of an H100)
+    target_programs: int = 1024  # programs the partials kernel aims at (about 8 per SM)
+    one_pass_chunk: int = 4096  # var's chunks: short enough that a program holds one (persistent)
+
+    def splits(self, outputs: int, extent: int, max_chunk: int | None = None) -> tuple[int, int] | None:
+        """(number of chunks, chunk length), or None to keep the reduction whole."""
+        if self.min_extent <= 0 or extent < self.min_extent or outputs >= self.max_outputs or outputs == 0:
+            return None
+        min_chunk = max(self.min_extent // 16, 1)
+        count = min(_ceil_div(self.target_programs, outputs), extent // min_chunk)
+        if max_chunk is not None:
+            count = max(count, _ceil_div(extent, max_chunk))
+        if count < 2:
+            return None
+        align = min(1024, 1 << (min_chunk.bit_length() - 1))  # chunks start at aligned positions
+        chunk = _ceil_div(_ceil_div(extent, count), align) * align
+        count = _ceil_div(extent, chunk)
+        return (count, chunk) if count >= 2 else None
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def split_reductions(graph: LoweredGraph, ctx: LoweringContext, policy: SplitPolicy) -> int:
+    """Splits the graph's long reductions with few outputs in place; returns how many."""
+    steps: list = []
+    total = 0
+    done: dict[tuple[UOp, tuple[int, ...]], UOp] = {}  # (REDUCE, its axes' sizes) -> REDUCE over partials
+    for step in graph.steps:
+        if isinstance(step, ComputedBuffer) and any(u.op is Ops.REDUCE for u in step.body.toposort):
+            partials, step = _split_step(step, ctx, policy, done)
+            steps += partials
+            total += len(partials)
+        steps.append(step)
+    graph.steps = steps
+    return total
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """How one REDUCE splits: `count` chunks of `length` of its `extent` flattened reduced
+    positions, for each position of the outer `axes` (of `sizes`) of the step's buffer."""
+
+    count: int
+    length: int
+    extent: int
+    axes: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+
+def _split_step(step: ComputedBuffer, ctx: LoweringContext, policy: SplitPolicy,
+                done: dict[tuple[UOp, tuple[int, ...]], UOp]) -> tuple[list, ComputedBuffer]:  # fmt: skip
+    """`done`: reductions split for earlier steps (var_mean's mean is in both of its outputs)."""
+    shape = step.buffer.layout.size
+    replaced: dict[UOp, UOp] = {}  # original REDUCE -> REDUCE over its partials
+    partials: list[tuple[Buffer, UOp]] = []  # (buffer, body)
+    reduces = [u for u in step.body.toposort if u.op is Ops.REDUCE]
+    variances = {parts[0]: red for red in reduces if (parts := variance_parts(red)) is not None}
+    for red in reduces:
+        if red in replaced:
+            continue
+        current = substitute(red, replaced) if replaced else red
+        axes = tuple(sorted({u.arg for u in current.toposort if u.op is Ops.AXIS}))
+        sizes = tuple(shape[a] for a in axes)
+        if (current, sizes) in done:
+            replaced[red] = done[current, sizes]
+            continue
+        extent = math.prod(r.src[0].arg for r in current.src[1:])
+        one_pass = red in variances and variances[red] not in replaced
+        split = policy.splits(math.prod(sizes), extent, policy.one_pass_chunk if one_pass else None)
+        if split is None or _reads_own_ranges(current):
+            continue
+        chunks = Chunks(*split, extent, axes, sizes)
+        if one_pass:
+            replaced[red], replaced[variances[red]] = _split_variance(current, chunks, ctx, partials)
+        else:
+            replaced[red] = _reduce_partials(current, _partials(current, chunks, ctx, partials), chunks, ctx)
+        done[current, sizes] = replaced[red]
+    if not replaced:
+        return [], step
+    computed = [ComputedBuffer(b, body, step.origins, split_partials=True) for b, body in partials]
+    return computed, ComputedBuffer(step.buffer, substitute(step.body, replaced), step.origins)
+
+
+def _reads_own_ranges(red: UOp) -> bool:
+    """A reduction inside this one's loop (none come from lowering today): left whole."""
+    own = set(red.src[1:])
+    return any(u is not red and u.op is Ops.REDUCE and u.ranges & own for u in red.toposort)
+
+
+def _chunk_positions(red: UOp, chunks: Chunks, step: UOp) -> tuple[dict[UOp, UOp], UOp | None]:
+    """The substitution that reads `red`'s value at position `step` of chunk AXIS 0 (outer axes
+    moved one place right), and the condition that the position is inside the extent (None:
+    always)."""
+    flat = axis(0) * chunks.length + step
+    inside = None
+    if chunks.count * chunks.length != chunks.extent:
+        inside = flat.alu(Ops.CMPLT, UOp.const(dtypes.index, chunks.extent))
+        flat = inside.where(flat, UOp.const(dtypes.index, 0))
+    mapping = {axis(a): axis(i + 1) for i, a in enumerate(chunks.axes)}
+    stride = chunks.extent
+    for r in red.src[1:]:
+        size = r.src[0].arg
+        stride //= size
+        position = flat if stride == 1 else flat // stride
+        mapping[r] = position if stride * size == chunks.extent else position % size
+    return mapping, inside
+
+
+def _chunk_reduce(red: UOp, chunks: Chunks, ctx: LoweringContext, then=None) -> UOp:
+    """REDUCE over one chunk of `red`'s value (`then` applied to it after the move to chunk
+    positions), the combine's identity past the end."""
+    step = ctx.reduce_range(chunks.length)
+    mapping, inside = _chunk_positions(red, chunks, step)
+    value = substitute(red.src[0], mapping)
+    if then is not None:
+        value = then(value)
+    if inside is not None:
+        value = inside.where(value, UOp.const(value.dtype, identity(red.arg, value.dtype)))
+    return UOp(Ops.REDUCE, value.dtype, (value, step), red.arg)
+
+
+def _partials(red: UOp, chunks: Chunks, ctx: LoweringContext, partials: list) -> Buffer:
+    """A partials buffer (S, *sizes) whose body reduces chunk AXIS 0; appended to `partials`."""
+    return _partials_of(_chunk_reduce(red, chunks, ctx), chunks, ctx, partials)
+
+
+def _partials_of(body: UOp, chunks: Chunks, ctx: LoweringContext, partials: list) -> Buffer:
+    layout = Layout.contiguous((chunks.count, *chunks.sizes))
+    buffer = ctx.add_buffer(Buffer(ctx.new_name(), body.dtype, layout, "computed"))
+    partials.append((buffer, body))
+    return buffer
+
+
+def _read_partial(buffer: Buffer, part: UOp, chunks: Chunks) -> UOp:
+    index = buffer.layout.index([part, *(axis(a) for a in chunks.axes)])
+    return UOp(Ops.LOAD, buffer.dtype, (UOp(Ops.INDEX, buffer.dtype, (buffer.uop(), index)),))
+
+
+def _reduce_partials(red: UOp, buffer: Buffer, chunks: Chunks, ctx: LoweringContext) -> UOp:
+    part = ctx.reduce_range(chunks.count)
+    return UOp(Ops.REDUCE, red.dtype, (_read_partial(buffer, part, chunks), part), red.arg)
+
+
+# ---- variance in one pass ----------------------------------------------------------------------
+
+
+def variance_parts(red: UOp) -> tuple[UOp, UOp] | None:
+    """(sum, value) when `red` is the sum of squared deviations of `value` from its mean,
+    REDUCE((v - REDUCE(v) / n)^2) over the same positions, as lower/reductions.py builds var."""
+    if red.arg is not Ops.ADD or red.src[0].op is not Ops.MUL or red.src[0].src[0] is not red.src[0].src[1]:
+        return None
+    centered = red.src[0].src[0]
+    if centered.op is not Ops.SUB or centered.src[1].op is not Ops.FDIV:
+        return None
+    value, (total, count) = centered.src[0], centered.src[1].src
+    if total.op is not Ops.REDUCE or total.arg is not Ops.ADD or count.op is not Ops.CONST:
+        return None
+    ranges = red.src[1:]
+    if [r.src[0].arg for r in total.src[1:]] != [r.src[0].arg for r in ranges] or count.arg != math.prod(
+        r.src[0].arg for r in ranges
+    ):
+        return None
+    if substitute(total.src[0], dict(zip(total.src[1:], ranges))) is not value:
+        return None
+    return total, value
+
+
+def _split_variance(total: UOp, chunks: Chunks, ctx: LoweringContext, partials: list) -> tuple[UOp, UOp]:
+    """var's sum and sum of squared deviations in one pass over the data (Note: split
+    reductions): per chunk its sum and the squared deviations from the chunk's own mean (a
+    second pass over values the program holds), combined as Chan et al. do:
+    M2 = sum_s M2_s + sum_s n_s (mean_s - mean)^2. Returns the REDUCEs for (sum, M2)."""
+    chunk_sum = _chunk_reduce(total, chunks, ctx)
+    sums = _partials_of(chunk_sum, chunks, ctx, partials)
+    chunk_mean = chunk_sum.alu(Ops.FDIV, _chunk_length(chunks, axis(0), total.dtype))
+    chunk_m2 = _chunk_reduce(total, chunks, ctx, then=lambda v: _square(v - chunk_mean))
+    deviations = _partials_of(chunk_m2, chunks, ctx, partials)
+    overall = _reduce_partials(total, sums, chunks, ctx)
+    mean = overall.alu(Ops.FDIV, UOp.const(total.dtype, chunks.extent))
+    part = ctx.reduce_range(chunks.count)
+    length = _chunk_length(chunks, part, total.dtype)
+    spread = length * _square(_read_partial(sums, part, chunks).alu(Ops.FDIV, length) - mean)
+    between = UOp(Ops.REDUCE, total.dtype, (spread, part), Ops.ADD)
+    return overall, _reduce_partials(total, deviations, chunks, ctx) + between
+
+
+def _chunk_length(chunks: Chunks, chunk: UOp, dtype: DType) -> UOp:
+    """How many positions chunk `chunk` holds (the last one may be short)."""
+    full = UOp.const(dtype, chunks.length)
+    last = chunks.extent - (chunks.count - 1) * chunks.length
+    if last == chunks.length:
+        return full
+    return chunk.alu(Ops.CMPLT, UOp.const(dtypes.index, chunks.count - 1)).where(full, UOp.const(dtype, last))
+
+
+def _square(x: UOp) -> UOp:
+    return x * x
+
+
+def identity(combine: Ops, dtype: DType) -> int | float | bool:
+    """The value that leaves a combine unchanged (codegen/phases.py has the same table)."""
+    if combine is Ops.ADD:
+        return 0
+    if combine is Ops.MUL:
+        return 1
+    if combine is Ops.MAX:
+        return dtype.min
+    if combine is Ops.MIN:
+        return dtype.max
+    raise ValueError(f"split reductions: no identity for {combine}")

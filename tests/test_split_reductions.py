@@ -1,0 +1,181 @@
+"""Split reductions on the Triton path (Note: split reductions, lower/split_reductions.py),
+through Triton's interpreter on CPU tensors as tests/test_triton.py runs it.
+
+The threshold is lowered (EMBER_SPLIT_REDUCTIONS) so that small tensors split and CI stays
+fast: the reduction tests run again as they are written, and the cases only splitting has
+(chunks that run past the end, NaN in one chunk, ties across chunks, integer wrap-around,
+partials shared between outputs) are checked against eager with kernel counts.
+On a GPU machine `EMBER_TEST_DEVICE=cuda pytest tests/test_reductions.py` runs the reduction
+tests on CUDA at the default threshold; tests/test_split_reductions.py needs the interpreter.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+
+import ember
+from ember.lower.split_reductions import SplitPolicy
+from tests import test_reductions
+from tests.helpers import check
+from tests.test_triton import _subset
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter needs TRITON_INTERPRET=1 at start-up"
+)
+
+SMALL = 32  # reductions of at least this many elements split (chunks of 2 or more)
+
+
+@pytest.fixture(autouse=True)
+def _triton_backend(monkeypatch):
+    monkeypatch.setenv("EMBER_BACKEND", "triton")
+    monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")
+    monkeypatch.setenv("EMBER_SPLIT_REDUCTIONS", str(SMALL))
+
+
+def _split(threshold: int):
+    os.environ["EMBER_SPLIT_REDUCTIONS"] = str(threshold)  # restored by the fixture's monkeypatch
+    torch._dynamo.reset()
+    ember.metrics.reset()
+
+
+# ---- the reduction tests again, every long-enough reduction split ---------------------------
+
+test_sum_mean_amax_amin_prod = _subset(test_reductions.test_sum_mean_amax_amin_prod,
+                                       name=lambda n: n in ("contiguous", "transposed", "nan", "inf"))  # fmt: skip
+test_arg_and_indexed_extremes = _subset(
+    test_reductions.test_arg_and_indexed_extremes, name=lambda n: n in ("contiguous", "nan", "broadcast")
+)
+test_var_std = _subset(test_reductions.test_var_std, correction=lambda c: c in (0, 1))
+test_integer_and_bool_reductions = test_reductions.test_integer_and_bool_reductions
+test_empty_reductions = test_reductions.test_empty_reductions
+test_zero_dim_reductions = test_reductions.test_zero_dim_reductions
+test_vector_norm = _subset(test_reductions.test_vector_norm, ord=lambda o: o in (2, math.inf))
+test_any_all_float = test_reductions.test_any_all_float
+
+
+# ---- the policy -----------------------------------------------------------------------------
+
+
+def test_policy_splits_few_long_reductions_into_aligned_chunks():
+    policy = SplitPolicy(32768)
+    count, chunk = policy.splits(1, 64 * 2**20)
+    assert count == 1024 and chunk * count == 64 * 2**20
+    count, chunk = policy.splits(16, 2**20)  # the column sums of a (1M, 16) tensor
+    assert count * 16 >= 1024 and chunk % 1024 == 0 and (count - 1) * chunk < 2**20 <= count * chunk
+    assert policy.splits(1, 1000) is None  # short: one program is enough
+    assert policy.splits(4096, 2**20) is None  # many outputs fill the GPU already
+    assert SplitPolicy(0).splits(1, 2**30) is None  # 0 never splits
+    count, chunk = SplitPolicy(32).splits(1, 997)
+    assert (count - 1) * chunk < 997 <= count * chunk
+
+
+# ---- what only splitting has ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1000, 997])  # chunks that divide the extent, and a last chunk past the end
+def test_full_reductions_split_in_two_kernels(n):
+    torch.manual_seed(0)
+    x = torch.randn(n)
+    check(lambda x: x.sum(), x)
+    assert ember.metrics.kernels_generated == 2  # partials, then their sum
+    _split(0)
+    check(lambda x: x.sum(), x)
+    assert ember.metrics.kernels_generated == 1
+
+
+def test_partials_of_one_tensor_are_one_kernel():
+    torch.manual_seed(0)
+    x = torch.randn(999)
+    check(lambda x: (x.sum(), x.amax(), x.amin()), x)
+    # one kernel reads x once for all three partials; then each output reduces its own
+    assert ember.metrics.kernels_generated == 4
+    assert ember.metrics.fallback_calls == 0
+
+
+@pytest.mark.parametrize("shape, dim", [((300, 5), 0), ((5, 300), 1), ((3, 200, 2), (0, 1)), ((40, 2, 30), (0, 2))])
+def test_few_outputs_split_rows_columns_and_mixed_dims(shape, dim):
+    torch.manual_seed(0)
+    x = torch.randn(*shape)
+    x.view(-1)[11] = math.nan
+    check(lambda x: (x.sum(dim), x.amax(dim), x.mean(dim, keepdim=True)), x, rtol=1e-4)
+    check(lambda x: x.t().sum(0) if x.ndim == 2 else x.transpose(0, 2).sum((0, 2)), x)  # strided reads
+    assert ember.metrics.fallback_calls == 0
+
+
+def test_many_outputs_are_not_split():
+    x = torch.randn(300, 40)
+    check(lambda x: x.sum(1), x)
+    assert ember.metrics.kernels_generated == 1
+
+
+@pytest.mark.parametrize("values", ["nan_late", "nan_first", "inf", "neg_inf", "ties"])
+def test_split_extremes_and_first_index_ties(values):
+    torch.manual_seed(0)
+    x = torch.randn(1001)
+    if values == "nan_late":
+        x[777] = x[900] = math.nan
+    elif values == "nan_first":
+        x[0] = math.nan
+    elif values == "inf":
+        x[[5, 600]] = math.inf
+    elif values == "neg_inf":
+        x[:] = -math.inf
+    else:  # many equal maxima and minima in different chunks: eager returns the first
+        x = torch.randint(0, 3, (1001,)).float()
+    _split(256)  # 63 chunks of 16
+    check(lambda x: (x.amax(), x.amin(), x.argmax(), x.argmin(), x.max(0), x.min(0)), x)
+    assert ember.metrics.fallback_calls == 0
+
+
+def test_integer_sums_wrap_like_eager():
+    torch.manual_seed(0)
+    _split(128)
+    big = torch.randint(2**60, 2**62, (500,), dtype=torch.int64)  # the int64 sum wraps around
+    check(lambda x: (x.sum(), x.amax(), x.argmin(), (x % 7).prod()), big)
+    small = torch.randint(-100, 100, (3, 400), dtype=torch.int32)
+    check(lambda x: (x.sum(), x.sum(1), x.amin(1)), small)
+    flags = torch.rand(700) > 0.999
+    check(lambda x: (x.any(), x.all(), x.sum()), flags)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_split_var_mean_accuracy(dtype):
+    torch.manual_seed(0)
+    x = (torch.randn(2, 1500) * 1e-2 + 1000).to(dtype)  # a large mean: cancellation would show
+    check(lambda x: (torch.var_mean(x), torch.var_mean(x, 1), torch.std(x, 1, correction=0)), x, rtol=1e-5)
+    outliers = x.clone().flatten()
+    outliers[::97] = 1e6  # far from every chunk's mean, at chunk starts too
+    check(lambda x: (x.var(), torch.var_mean(x, correction=0)), outliers, rtol=1e-5)
+    assert ember.metrics.fallback_calls == 0
+
+
+def test_split_variance_reads_its_input_in_one_kernel():
+    torch.manual_seed(0)
+    x = torch.randn(3001)
+    check(lambda x: x.var(), x)
+    # one kernel reads x for chunk sums and squared deviations from the chunk means; one combines
+    assert ember.metrics.kernels_generated == 2
+
+
+def test_split_mean_feeds_pointwise_consumers():
+    torch.manual_seed(0)
+    x = torch.randn(2000)
+    check(lambda x: (x - x.mean(), ((x - x.mean()) ** 2).mean(), torch.nn.functional.mse_loss(x, x * 0.5)), x)
+    assert ember.metrics.fallback_calls == 0
+
+
+def test_empty_and_one_element_reductions_are_not_split():
+    check(lambda x: (x.sum(), x.sum(1), x.mean(0)), torch.randn(0, 500))
+    check(lambda x: (x.sum(0), x.prod(0)), torch.randn(500, 0))
+    check(lambda x: (x.sum(), x.amax()), torch.randn(1))
+    assert ember.metrics.fallback_calls == 0
+
+
+def test_large_reduction_accuracy_at_the_default_threshold():
+    _split(32768)
+    x = torch.rand(100_000) + 1000
+    check(lambda x: (x.sum(), x.mean()), x)
+    assert ember.metrics.kernels_generated == 3  # partials of the sum, and two finals
