@@ -17,7 +17,16 @@ import torch.nn.functional as F
 
 import ember
 from ember.runtime import triton as triton_runtime
-from tests import test_indexing, test_models, test_ops, test_random, test_reductions, test_scans, test_scatter, test_schedule
+from tests import (
+    test_indexing,
+    test_models,
+    test_ops,
+    test_random,
+    test_reductions,
+    test_scans,
+    test_scatter,
+    test_schedule,
+)
 from tests.helpers import check, check_lowered, data
 
 pytestmark = pytest.mark.skipif(
