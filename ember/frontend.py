@@ -19,6 +19,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from ember import config as config_module
 from ember.compile_graph import compile_graph
+from ember.errors import EmberError
 from ember.lower.decompositions import corrected_autograd_kernels, decomposition_table
 from ember.metrics import metrics
 
@@ -30,8 +31,15 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
     backend = aot_autograd(
         fw_compiler=compiler, bw_compiler=compiler, decompositions=decomposition_table(config.fallback_random)
     )
-    with corrected_autograd_kernels():
-        return backend(gm, example_inputs)
+    try:
+        with corrected_autograd_kernels():
+            return backend(gm, example_inputs)
+    except Exception as e:
+        # AOTAutograd itself failed (a torch limitation or bug, before any ember stage ran):
+        # the user's code still runs, as with any graph ember cannot compile.
+        if config.strict or isinstance(e, EmberError):
+            raise
+        return eager_fallback(gm, EmberError("frontend", f"AOTAutograd could not trace the graph: {e}"))
 
 
 def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config) -> Callable:
@@ -40,9 +48,13 @@ def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], con
     except Exception as e:
         if config.strict:
             raise
-        metrics.graphs_failed += 1
-        warnings.warn(f"{e}\nember: running this graph eagerly instead (set EMBER_STRICT=1 to raise).", stacklevel=2)
-        return make_boxed_func(gm.forward)
+        return make_boxed_func(eager_fallback(gm, e))
+
+
+def eager_fallback(gm: torch.fx.GraphModule, error: Exception) -> Callable:
+    metrics.graphs_failed += 1
+    warnings.warn(f"{error}\nember: running this graph eagerly instead (set EMBER_STRICT=1 to raise).", stacklevel=3)
+    return gm.forward
 
 
 def compile(model: Callable, **options: Any) -> Callable:  # noqa: A001 - mirrors torch.compile

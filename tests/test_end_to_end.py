@@ -104,6 +104,27 @@ def test_failure_falls_back_to_eager_with_one_warning(monkeypatch):
     assert ember.metrics.graphs_failed == 1
 
 
+def test_a_graph_aot_autograd_cannot_trace_runs_eagerly(monkeypatch):
+    def failing_aot_autograd(**compilers):
+        def trace(gm, example_inputs):
+            raise RuntimeError("functionalization failed")
+
+        return trace
+
+    monkeypatch.setattr(ember.frontend, "aot_autograd", failing_aot_autograd)
+    monkeypatch.setenv("EMBER_STRICT", "0")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compile_fn(lambda x: x * 3)(torch.ones(2))
+    assert torch.equal(out, torch.full((2,), 3.0))
+    messages = [str(w.message) for w in caught if "ember" in str(w.message)]
+    assert len(messages) == 1 and "stage 'frontend'" in messages[0] and "functionalization failed" in messages[0]
+    assert ember.metrics.graphs_failed == 1
+    monkeypatch.setenv("EMBER_STRICT", "1")
+    with pytest.raises(Exception, match="functionalization failed"):
+        compile_fn(lambda x: x * 4)(torch.ones(2))
+
+
 def test_debug_dump(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("EMBER_DEBUG", "1")
     monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path / "dbg"))
