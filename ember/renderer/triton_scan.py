@@ -117,14 +117,14 @@ class ScanRenderer(_Renderer):
         self.counter += 1
         identity = render_const(reduce_identity(combine, work), work)
         self.top.lines.append(f"    {carry} = tl.full([XBLOCK, 1], {identity}, {tl_type(work)})")
-        joined = combine_call(combine, work, carry, scanned)
+        joined = combine_call(combine, carry, scanned)
         running = self.emit(phase.scope, f"tl.where(roffset > 0, {joined}, {scanned})")
         last = f"{phase.index} == roffset + (RBLOCK - 1)"
         phase.scope.lines.append(f"{phase.scope.indent}{carry} = ember_scan_last({running}, {last})")
         return running
 
 
-def combine_call(combine: Ops, dtype: DType, a: str, b: str) -> str:
+def combine_call(combine: Ops, a: str, b: str) -> str:
     if combine is Ops.ADD:
         return f"({a} + {b})"
     if combine is Ops.MUL:
