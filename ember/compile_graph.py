@@ -75,16 +75,16 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
 def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump) -> tuple:
     """Every stage, in order; returns the loaded wrapper, its source and a summary."""
     timings: dict[str, float] = {}
+    device = graph_device(gm, example_inputs)
+    backend = graph_backend(device, config)
     with stage("lower", timings):
-        graph, lowering = lower_graph(gm, example_inputs, fallback_random=config.fallback_random)
+        graph, lowering = lower_graph(gm, example_inputs, fallback_random=config.fallback_random, backend=backend)
     debug.write("ir.txt", describe_ir(graph))
     with stage("schedule", timings):
         scheduled = schedule(graph, fusion=config.fusion)
         steps = scheduled.steps
     debug.write("fusion.txt", describe_fusion(scheduled))
-    device = graph_device(gm, example_inputs)
     with stage("codegen", timings):
-        backend = graph_backend(device, config)
         if backend == "triton":
             rendered = {i: codegen_triton_kernel(s) for i, s in enumerate(steps) if _has_work(s)}
         else:
