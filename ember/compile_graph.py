@@ -79,7 +79,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
     device = graph_device(gm, example_inputs)
     backend = graph_backend(device, config)
     with stage("lower", timings):
-        graph, lowering = lower_graph(gm, example_inputs, fallback_random=config.fallback_random)
+        graph, lowering = lower_graph(gm, example_inputs, fallback_random=config.fallback_random, backend=backend)
         if backend == "triton":
             split_reductions(graph, lowering, SplitPolicy(config.split_reductions))
     debug.write("ir.txt", describe_ir(graph))

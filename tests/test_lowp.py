@@ -23,9 +23,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._pytree import tree_map
 
 import ember
-from tests.helpers import compile_fn
+from tests.helpers import compile_fn, test_device, to_test_device
 
 bf16, f16, f32, f64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
 LOW = (bf16, f16)
@@ -91,12 +92,15 @@ def upcast(tree):
     return tuple(x.double() if isinstance(x, torch.Tensor) and x.dtype in LOW else x for x in tree)
 
 
-def run(fn, *inputs, max_ulps: int = 0, reference: bool = True):
-    """`fn` through ember against eager on the same inputs, with no fallback extern; 0 ulps means
-    bit for bit. Returns ember's outputs (a tuple)."""
+def run(fn, *inputs, max_ulps: int = 0, reference: bool = True, eager_on_device: bool = False):
+    """`fn` through ember (on the test device) against eager on the same inputs (on the CPU, or
+    `eager_on_device`: where both call the same aten kernels, e.g. cuBLAS), with no fallback
+    extern; 0 ulps means bit for bit. Returns ember's outputs (a tuple)."""
     ember.metrics.reset()
-    got = compile_fn(fn)(*inputs)
-    want = fn(*inputs)
+    on_device = tree_map(to_test_device, inputs)
+    got = tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, compile_fn(fn)(*on_device))
+    want = fn(*on_device) if eager_on_device else fn(*inputs)
+    want = tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, want)
     precise = fn(*upcast(inputs)) if reference and max_ulps else None
     got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
     precise = precise if precise is None or isinstance(precise, tuple) else (precise,)
@@ -369,7 +373,8 @@ def test_linear_gelu_calls_the_matmul_and_fuses_the_rest(dtype):
     """mm is an extern (aten's BLAS, in the dtype as eager); bias and gelu are ember's kernels."""
     torch.manual_seed(0)
     x, w, b = torch.randn(8, 4, 64, dtype=dtype), torch.randn(96, 64, dtype=dtype) / 8, torch.randn(96, dtype=dtype)
-    run(lambda x, w, b: (F.gelu(F.linear(x, w, b)), F.gelu(F.linear(x, w), approximate="tanh")), x, w, b, max_ulps=1)
+    run(lambda x, w, b: (F.gelu(F.linear(x, w, b)), F.gelu(F.linear(x, w), approximate="tanh")), x, w, b, max_ulps=1,
+        eager_on_device=True)  # fmt: skip
     assert ember.metrics.extern_calls >= 2 and ember.metrics.kernels_generated >= 1
 
 
@@ -393,8 +398,9 @@ def test_mlp_training_step_matches_eager(dtype):
         torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 64), torch.nn.SiLU(),
         torch.nn.Linear(64, 10),
     ).to(dtype)  # fmt: skip
+    model = model.to(test_device())  # eager on the same device: the same matmuls (CPU BLAS or cuBLAS)
     eager, exact = copy.deepcopy(model), copy.deepcopy(model).double()
-    x, target = torch.randn(16, 32, dtype=dtype), torch.randint(0, 10, (16,))
+    x, target = torch.randn(16, 32, dtype=dtype).to(test_device()), torch.randint(0, 10, (16,)).to(test_device())
 
     ember.metrics.reset()
     torch._dynamo.reset()
@@ -450,7 +456,7 @@ def test_signbit_of_a_vectorized_16_bit_loop(dtype):
     # gcc 12 crashed vectorizing __builtin_signbit of a converted float (20 lanes exactly)
     x = torch.randn(20, 20).to(dtype)
     x[0, :3] = torch.tensor([-0.0, float("nan"), -float("inf")]).to(dtype)
-    assert torch.equal(compile_fn(torch.signbit)(x), torch.signbit(x))
+    assert torch.equal(compile_fn(torch.signbit)(to_test_device(x)).cpu(), torch.signbit(x))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -459,6 +465,6 @@ def test_scatter_and_scans_of_16_bit_floats_call_aten(dtype):
     x, src = torch.randn(4, 5).to(dtype), torch.randn(4, 5).to(dtype)
     index = torch.tensor([[0, 1, 2, 0, 1], [3, 2, 1, 0, 0], [1, 1, 1, 1, 1], [2, 3, 0, 1, 2]])
     f = lambda x, i, s: (x.scatter_add(0, i, s), x.cumsum(1), x.cummax(0).values, x.index_add(0, i[0, :4], s[:4]))
-    for got, want in zip(compile_fn(f)(x, index, src), f(x, index, src)):
-        torch.testing.assert_close(got, want)  # (aten's accumulation order may differ by an ulp)
+    for got, want in zip(compile_fn(f)(*map(to_test_device, (x, index, src))), f(x, index, src)):
+        torch.testing.assert_close(got.cpu(), want)  # (aten's accumulation order may differ by an ulp)
     assert ember.metrics.fallback_calls >= 4

@@ -19,8 +19,10 @@ import ember
 from ember.runtime import triton as triton_runtime
 from tests import (
     test_indexing,
+    test_lowp,
     test_models,
     test_ops,
+    test_ops_more,
     test_random,
     test_reductions,
     test_scans,
@@ -337,3 +339,60 @@ test_random_shapes_strides_and_dtypes = test_random.test_shapes_strides_and_dtyp
 test_random_op_variants = test_random.test_random_op_variants_lower_without_fallbacks
 test_random_randint_of_the_widest_ranges = test_random.test_randint_of_the_widest_ranges
 test_random_fallback_random_matches_eager = test_random.test_fallback_random_matches_eager_bit_for_bit
+
+
+# ---- float16 / bfloat16 (Note: low-precision floats in Triton, renderer/triton.py) ---------------
+
+test_lowp_from_low_precision_every_value = test_lowp.test_from_low_precision_every_value
+test_lowp_to_low_precision_rounds_to_nearest_even = test_lowp.test_to_low_precision_rounds_to_nearest_even
+test_lowp_integers_and_bools_to_low_precision = test_lowp.test_integers_and_bools_to_low_precision
+test_lowp_float16_and_bfloat16_convert_both_ways = test_lowp.test_float16_and_bfloat16_convert_both_ways
+test_lowp_exactly_rounded_ops = _subset(test_lowp.test_exactly_rounded_ops_match_eager_bit_for_bit,
+                                        variant=lambda v: v in ("contiguous", "0-d"))  # fmt: skip
+test_lowp_transcendental_ops = _subset(test_lowp.test_transcendental_ops_within_one_ulp,
+                                       variant=lambda v: v == "transposed")  # fmt: skip
+test_lowp_fused_chain_rounds_after_every_op = test_lowp.test_fused_chain_rounds_after_every_op_as_eager
+test_lowp_promotion = _subset(
+    test_lowp.test_promotion_with_every_kind_of_operand,
+    other=lambda o: o in ("float64", "int32", "0-d other 16-bit", "python float"),
+)
+
+
+@pytest.mark.parametrize("dtype", test_lowp.LOW)
+def test_lowp_reductions_and_normalizations(dtype):
+    # test_lowp's inputs, cut small: every reduction kernel takes minutes on them in the interpreter
+    x = test_lowp.reduction_inputs(dtype)["nan"][:3, :2]
+    test_lowp.run(test_lowp.reductions, x, max_ulps=1)
+    test_lowp.run(test_lowp.reductions, x.transpose(0, 1), max_ulps=1)
+
+
+test_lowp_reductions_of_a_scalar = test_lowp.test_reductions_of_a_scalar
+test_lowp_mlp_training_step = test_lowp.test_mlp_training_step_matches_eager
+test_lowp_signbit = test_lowp.test_signbit_of_a_vectorized_16_bit_loop
+
+
+# ---- special functions (Note: special functions in Triton, renderer/triton_math.py) -----------
+
+test_special_unary = _subset(test_ops_more.test_unary_special, dtype=lambda d: d == torch.float32)
+test_special_unary_values = test_ops_more.test_unary_special_values
+test_special_binary_values = test_ops_more.test_binary_special_values
+test_special_integer_binary = test_ops_more.test_integer_binary
+test_special_frexp_goes_to_aten = test_ops_more.test_frexp_special_values
+
+
+def test_special_functions_in_float64_and_their_gradients():
+    torch.manual_seed(0)
+    x = torch.randn(300, dtype=torch.float64) * 4
+    x[:6] = torch.tensor([0.0, -0.0, -3.0, 10.0, 1e-300, float("nan")], dtype=torch.float64)
+    fns = {"digamma": torch.digamma, "trigamma": lambda x: torch.polygamma(1, x), "lgamma": torch.lgamma,
+           "erfinv": lambda x: torch.erfinv(x / 13), "i0": torch.i0, "i1": torch.special.i1,
+           "erfcx": torch.special.erfcx, "ndtri": lambda x: torch.special.ndtri(x.abs() / 13)}  # fmt: skip
+    for fn in fns.values():
+        test_ops_more.assert_matches_eager(fn, x, rtol=1e-11, atol=1e-11)
+    leaf = (x[6:].abs() + 0.1).requires_grad_()
+    (grad,) = torch.autograd.grad(torch.compile(lambda t: (torch.lgamma(t) + torch.digamma(t)).sum(),
+                                                backend="ember")(leaf), leaf)  # fmt: skip
+    exact = leaf.detach().requires_grad_()
+    (want,) = torch.autograd.grad((torch.lgamma(exact) + torch.digamma(exact)).sum(), exact)
+    torch.testing.assert_close(grad, want, rtol=1e-11, atol=1e-11)
+    assert ember.metrics.fallback_calls == 0

@@ -25,6 +25,7 @@ class LoweringContext:
     fallback_ops: list[str] = field(default_factory=list)
     fallback_random: bool = False  # random ops call aten (config.fallback_random)
     random_counters: int = 0  # Philox counters taken by earlier random ops (Note: counter-based random numbers)
+    backend: str = "cpp"  # the renderer the graph's kernels go to: "cpp" | "triton"
     _counter: int = 0
 
     def new_name(self, prefix: str = "buf") -> str:

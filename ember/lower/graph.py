@@ -51,9 +51,9 @@ VIEW_OPS = {
 }  # fmt: skip
 
 
-def lower_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
-                fallback_random: bool = False) -> tuple[LoweredGraph, LoweringContext]:  # fmt: skip
-    ctx = LoweringContext(LoweredGraph(inputs=[], constants={}), fallback_random=fallback_random)
+def lower_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], fallback_random: bool = False,
+                backend: str = "cpp") -> tuple[LoweredGraph, LoweringContext]:  # fmt: skip
+    ctx = LoweringContext(LoweredGraph(inputs=[], constants={}), fallback_random=fallback_random, backend=backend)
     env: dict[torch.fx.Node, Any] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":

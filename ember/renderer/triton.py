@@ -40,9 +40,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ember.codegen.low_precision import pm_low_precision
 from ember.codegen.phases import check_integer_division, order_loops, pm_checks, pm_unique_reduce_ranges
+from ember.renderer.triton_math import HELPERS, render_math, uses_helpers
 from ember.renderer.triton_scatter import ScatterStore, scatter_store_lines
-from ember.uop.dtypes import DType, dtypes
+from ember.uop.dtypes import DType, bits_of, dtypes
 from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp
 from ember.uop.pattern import graph_rewrite
 from ember.uop.symbolic import pm_symbolic
@@ -65,10 +67,7 @@ def tl_type(dtype: DType) -> str:
 
 def rewrite_for_blocks(sink: UOp) -> UOp:
     """The phases of codegen/phases.py that a block renderer wants: all but reduce lowering."""
-    if any(u.dtype in (dtypes.float16, dtypes.bfloat16) for u in sink.toposort):
-        # wrong under the interpreter (numpy has no bfloat16) and not yet checked on a GPU:
-        # refused, so the graph runs eagerly rather than risk a wrong answer
-        raise NotImplementedError("Triton renderer: float16/bfloat16 kernels are not supported yet")
+    sink = graph_rewrite(sink, pm_low_precision)  # Note: low-precision floats in Triton
     sink = graph_rewrite(sink, pm_symbolic)
     sink = graph_rewrite(sink, pm_unique_reduce_ranges, ctx={})
     sink = order_loops(sink)
@@ -94,11 +93,42 @@ UNARY_CALLS = {
     Ops.ROUND: "libdevice.nearbyint", Ops.TRUNC: "libdevice.trunc",
 }  # fmt: skip
 
-# Transcendentals on half types compute in float32, as eager does.
-HALF = ("float16", "bfloat16")
+# Note: low-precision floats in Triton
+#     As in C++ kernels (codegen/low_precision.py), float16/bfloat16 values are only loaded,
+#     stored, selected, cast and constants: every op computes in float32 and rounds back.
+#     Pointers and loaded values have the native types. float16 converts natively (correctly
+#     rounded both on the GPU, cvt.rn, and in the interpreter, numpy). bfloat16 converts
+#     through its bits (ember_bf16_to_f32 / ember_f32_to_bf16, the C++ prelude's formulas:
+#     round to nearest even, NaN -> 0x7FC0 as c10), and its constants are bits too: the
+#     interpreter keeps bfloat16 as uint16 and its own float conversion truncates, so the bit
+#     formulas are what runs the same, and right, under the interpreter and on the GPU.
+#     Conversions from float64 or integers to 16 bits go through float32, as c10's do.
+LOW_PRECISION = (dtypes.float16, dtypes.bfloat16)
+
+
+def render_cast(x: str, source: DType, target: DType) -> str:
+    if source is dtypes.bfloat16:
+        x, source = f"ember_bf16_to_f32({x})", dtypes.float32
+    elif source is dtypes.float16:
+        x, source = f"{x}.to(tl.float32)", dtypes.float32
+    if target in LOW_PRECISION:
+        x = x if source is dtypes.float32 else f"{x}.to(tl.float32)"
+        return f"ember_f32_to_bf16({x})" if target is dtypes.bfloat16 else f"{x}.to(tl.float16)"
+    if target.is_bool:
+        return f"({x} != 0)"
+    return x if source is target else f"{x}.to({tl_type(target)})"
+
+
+def render_full(shape: str, value, dtype: DType) -> str:
+    """A block of `shape` filled with the constant (Note: low-precision floats in Triton)."""
+    if dtype is dtypes.bfloat16:
+        return f"tl.full({shape}, {bits_of(dtype, value)}, tl.uint16).to(tl.bfloat16, bitcast=True)"
+    return f"tl.full({shape}, {render_const(value, dtypes.float32 if dtype.is_float else dtype)}, {tl_type(dtype)})"
 
 
 def render_const(value, dtype: DType) -> str:
+    if dtype in LOW_PRECISION:
+        return render_full("[]", value, dtype)
     if dtype.is_bool:
         return "True" if value else "False"
     if dtype.is_float:
@@ -150,9 +180,7 @@ def _unary(u: UOp, x: str) -> str:
     if u.op is Ops.BITCAST:
         return f"{x}.to({tl_type(u.dtype)}, bitcast=True)"
     if u.op is Ops.CAST:
-        if u.dtype.is_bool:
-            return f"({x} != 0)"
-        return f"{x}.to({tl_type(u.dtype)})"
+        return render_cast(x, source, u.dtype)
     if u.op is Ops.NEG:  # Triton's unary minus is 0 - x, which loses the sign of zero
         return f"(0 - {x})" if not source.is_float else f"({x} * -1.0)"
     if u.op is Ops.NOT:
@@ -164,16 +192,16 @@ def _unary(u: UOp, x: str) -> str:
     if u.op is Ops.ISINF:
         return f"(tl.abs({x}) == float('inf'))"
     if u.op is Ops.SQRT and source is not dtypes.float32:
-        return f"tl.sqrt({x})" if source.name not in HALF else f"tl.sqrt_rn({x}.to(tl.float32)).to({tl_type(u.dtype)})"
+        return f"tl.sqrt({x})"
     fn = UNARY_CALLS.get(u.op)
     if fn is None:
         raise NotImplementedError(f"Triton renderer: no rendering for {u.op.name}")
-    if source.name in HALF:
-        return f"{fn}({x}.to(tl.float32)).to({tl_type(u.dtype)})"
     return f"{fn}({x})"
 
 
 def render_alu(u: UOp, srcs: list[str]) -> str:
+    if (special := render_math(u, srcs)) is not None:  # Note: special functions in Triton
+        return special
     if u.op is Ops.WHERE:
         return f"tl.where({srcs[0]}, {srcs[1]}, {srcs[2]})"
     if len(srcs) == 2:
@@ -181,7 +209,8 @@ def render_alu(u: UOp, srcs: list[str]) -> str:
     return _unary(u, srcs[0])
 
 
-TYPED_OPERANDS = frozenset({Ops.MAX, Ops.MIN, Ops.POW, Ops.ATAN2, Ops.FMOD, Ops.FDIV, Ops.SHL, Ops.SHR})
+TYPED_OPERANDS = frozenset({Ops.MAX, Ops.MIN, Ops.POW, Ops.ATAN2, Ops.FMOD, Ops.FDIV, Ops.SHL, Ops.SHR, Ops.COPYSIGN,
+                            Ops.NEXTAFTER, Ops.HYPOT, Ops.FMAX, Ops.FMIN})  # fmt: skip
 
 REDUCE_CALLS = {Ops.ADD: "tl.sum", Ops.MAX: "ember_max", Ops.MIN: "ember_min", Ops.MUL: "ember_prod"}
 
@@ -419,8 +448,7 @@ class _Renderer:
                     for t, s in zip(srcs, u.src)]  # fmt: skip
         if all(s.op is Ops.CONST for s in u.src):  # a literal has no .to() and computes in Python
             shape = self.block_shape(None)
-            srcs = [f"tl.full({shape}, {render_const(s.arg, dtypes.float32 if s.dtype.is_float else s.dtype)}, "
-                    f"{tl_type(s.dtype)})" for s in u.src]  # fmt: skip
+            srcs = [render_full(shape, s.arg, s.dtype) for s in u.src]
         return self.emit(scope, render_alu(u, srcs))
 
     def range_text(self, r: UOp, phase: Phase | None) -> str:
@@ -593,6 +621,20 @@ def ember_prod(x, axis, keep_dims):
 
 
 @triton.jit
+def ember_bf16_to_f32(x):
+    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def ember_f32_to_bf16(x):
+    # round to nearest even on the dropped bits; any NaN -> 0x7FC0 (c10's conversion)
+    u = x.to(tl.uint32, bitcast=True)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    bits = tl.where((u & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, rounded)
+    return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def ember_div_rn(a, b):
     a, b = tl.broadcast(a, b)
     return tl.div_rn(a, b)
@@ -646,5 +688,5 @@ def render_triton(name: str, sink: UOp, written: frozenset[str], scalars: frozen
         blocks = "XBLOCK: tl.constexpr" + ("" if shape.pointwise else ", RBLOCK: tl.constexpr")
         head = f"{jit}\ndef {name}_{variant}({signature}, {blocks}):\n"
         functions.append(head + "\n".join(lines) + "\n")
-    source = PRELUDE + renderer.prelude + "\n\n" + "\n\n".join(functions)
+    source = PRELUDE + (HELPERS if uses_helpers(sink) else "") + renderer.prelude + "\n\n" + "\n\n".join(functions)
     return TritonKernel(name, source, params, errors, shape.xnumel, shape.rnumel, variants)

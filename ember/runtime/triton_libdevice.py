@@ -11,6 +11,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import torch
 import triton.language as tl
 from triton.runtime.interpreter import TensorHandle
 
@@ -38,10 +39,23 @@ def _elementwise(fn):
     return apply
 
 
+def _torch(fn):
+    """A function numpy lacks, from torch's CPU kernels (what eager computes on the CPU)."""
+    return lambda *arrays: fn(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)).numpy()
+
+
 interpreted_libdevice = SimpleNamespace(
     expm1=_elementwise(np.expm1), log10=_elementwise(np.log10), log1p=_elementwise(np.log1p),
     tan=_elementwise(np.tan), asin=_elementwise(np.arcsin), acos=_elementwise(np.arccos),
     atan=_elementwise(np.arctan), sinh=_elementwise(np.sinh), cosh=_elementwise(np.cosh),
     tanh=_elementwise(np.tanh), nearbyint=_elementwise(np.rint), trunc=_elementwise(np.trunc),
     fmod=_elementwise(np.fmod), pow=_elementwise(np.power), atan2=_elementwise(np.arctan2),
+    log=_elementwise(np.log), sin=_elementwise(np.sin), acosh=_elementwise(np.arccosh),
+    asinh=_elementwise(np.arcsinh), atanh=_elementwise(np.arctanh), copysign=_elementwise(np.copysign),
+    nextafter=_elementwise(np.nextafter), hypot=_elementwise(np.hypot), erfc=_elementwise(_torch(torch.erfc)),
+    lgamma=_elementwise(_torch(torch.lgamma)), erfinv=_elementwise(_torch(torch.erfinv)),
+    erfcx=_elementwise(_torch(torch.special.erfcx)), cyl_bessel_i0=_elementwise(_torch(torch.special.i0)),
+    cyl_bessel_i1=_elementwise(_torch(torch.special.i1)), normcdfinv=_elementwise(_torch(torch.special.ndtri)),
+    j0=_elementwise(_torch(torch.special.bessel_j0)), j1=_elementwise(_torch(torch.special.bessel_j1)),
+    y0=_elementwise(_torch(torch.special.bessel_y0)), y1=_elementwise(_torch(torch.special.bessel_y1)),
 )  # fmt: skip
