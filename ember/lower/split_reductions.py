@@ -18,16 +18,20 @@ Note: split reductions
     integer sums in int64, max/min in the input's type, NaN-propagating), so results match
     the one-program reduction up to summation order. The last chunk may run past the end:
     there the read is clamped to position 0 and the value is the combine's identity.
-    The rewrite walks REDUCEs sources first, so a reduction that reads another one (the
-    squared deviations of var read the mean; argmax's least index that hits the max reads
-    the max, lower/reductions.py) reads it through its already split form: each partials
-    program re-reduces the other's S partials (a few hundred values, from cache) instead of
-    a third kernel. Partials buffers are ordinary computed buffers: the scheduler fuses
-    those of one shape (sum and max of one tensor read it once) and the final REDUCE with
-    its consumers, never a partials buffer into its own final REDUCE (a reduction inside
-    a reduction).
-    Not yet: var reads its input twice (mean, then squared deviations), where a Welford
-    combine of (mean, m2, count) partials would read it once.
+    The rewrite walks REDUCEs sources first, so a reduction that reads another one
+    (argmax's least index that hits the max reads the max, lower/reductions.py) reads it
+    through its already split form: each partials program re-reduces the other's S partials
+    (a few hundred values, from cache) instead of a third kernel.
+    var's squared deviations from the mean (`variance_parts`) would so read the data twice;
+    instead each chunk gets its sum and its squared deviations from its *own* mean, two
+    passes over values one program holds (chunks of at most `one_pass_chunk`, so the
+    persistent variant loads them once), and the final kernel combines them as Chan et al.:
+    M2 = sum_s M2_s + sum_s n_s (mean_s - mean)^2. As robust as eager's Welford (no sum of
+    squares minus squared sum), in float64, and one read of the data.
+    Partials buffers are ordinary computed buffers: the scheduler fuses those of one shape
+    (sum and max of one tensor read it once) and small final results that read partials
+    without its peak-memory check, and never fuses a partials buffer into its reader (a
+    reduction inside a reduction, schedule/fusion.py `reads_partials`).
 """
 
 from __future__ import annotations

@@ -66,6 +66,11 @@ class FusionState:
     nbytes: dict[str, int]
     refusals: list[WhyNoFuse] = field(default_factory=list)
     fusions: int = 0
+    partials: set[str] = field(init=False)  # split reductions' partials buffers (GPU graphs only)
+
+    def __post_init__(self) -> None:
+        self.partials = {n.name for g in self.groups for n in g.nodes
+                         if isinstance(n.step, ComputedBuffer) and n.step.split_partials}  # fmt: skip
 
     def group_of(self) -> dict[SchedulerNode, Group]:
         return {n: g for g in self.groups for n in g.nodes}
@@ -131,9 +136,22 @@ def why_no_fuse(state: FusionState, a: Group, b: Group) -> str | None:
         return bodies
     if (recomputed := recomputed_reduction(bodies, alignment)) is not None:
         return f"the reduction in {recomputed} would be recomputed for every element of an inner loop"
-    if all(isinstance(n.step, ComputedBuffer) and n.step.split_partials for n in members):
-        return None  # a few KiB of partials held longer, so that one kernel reads the data once
+    if all(split_reduction_member(state, n) for n in members):
+        return None  # a few KiB held longer: one kernel reads the data (or the partials) once
     return peak_memory_refusal(state, a, b)
+
+
+SMALL_BYTES = 1 << 16
+
+
+def split_reduction_member(state: FusionState, node: SchedulerNode) -> bool:
+    """Partials of a split reduction, or a small result that reduces some (Note: split reductions)."""
+    step = node.step
+    if not state.partials or not isinstance(step, ComputedBuffer):
+        return False
+    if step.split_partials:
+        return True
+    return state.nbytes.get(step.name, 0) <= SMALL_BYTES and bool(node.read_buffers & state.partials)
 
 
 def reads_partials(producer: Group, consumer: Group) -> str | None:
