@@ -24,6 +24,10 @@ Note: compile time
     cache), so that one-time costs (imports, starting compile workers) are not charged to
     whichever workload happens to come first. Cold compile time is the first call of the
     compiled model: dynamo tracing, AOTAutograd, codegen, the C++ compiler, and one run.
+    Warm compile time is the same first call in a new process whose ember cache holds the
+    workload (building the model and importing packages are not in it). The details split
+    both by `ember.metrics.compile_seconds`: ember's own stages, AOTAutograd, and the rest
+    (dynamo's tracing and guards, and the run), which no ember cache can skip.
 """
 
 from __future__ import annotations
@@ -357,6 +361,7 @@ def warm_compile_seconds(name: str, ember_cache: Path, args, result: ModelResult
                 return None
             result.ember_metrics["warm_code_cache_hits"] = report["code_cache_hits"]
             result.ember_metrics["warm_code_cache_misses"] = report["code_cache_misses"]
+            result.ember_metrics["warm_compile_seconds"] = report["compile_seconds"]
             return report["seconds"]
     tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
     result.errors["ember warm"] = f"warm compile subprocess failed (exit {done.returncode}): {tail}"
@@ -508,6 +513,10 @@ def details(results: list[ModelResult]) -> list[str]:
             line += f"; ember graphs {metrics['graphs_compiled']}, fallback ops: {ops}"
         lines.append(line)
         lines += [f"    ember ran a graph eagerly: {w}" for w in r.ember_warnings]
+        if "ember" in r.compile_s and "compile_seconds" in metrics:
+            lines.append(f"    cold compile {compile_breakdown(r.compile_s['ember'], metrics['compile_seconds'])}")
+        if r.warm_compile_s is not None and "warm_compile_seconds" in metrics:
+            lines.append(f"    warm compile {compile_breakdown(r.warm_compile_s, metrics['warm_compile_seconds'])}")
         if metrics.get("warm_code_cache_misses"):
             lines.append(
                 f"    warm compile missed the code cache for {metrics['warm_code_cache_misses']} kernels: "
@@ -515,6 +524,17 @@ def details(results: list[ModelResult]) -> list[str]:
             )
         lines += [f"    {compiler} error: {error}" for compiler, error in r.errors.items()]
     return lines
+
+
+def compile_breakdown(total: float, stages: dict[str, float]) -> str:
+    """Where one first call's seconds went: ember's stages (`ember.metrics.compile_seconds`),
+    AOTAutograd, and the rest (dynamo's tracing and guards, and the call itself)."""
+    aot = stages.get("aot_autograd", 0.0)
+    ember_s = sum(v for k, v in stages.items() if k not in ("aot_autograd", "render"))  # render is in codegen
+    biggest = sorted(((v, k) for k, v in stages.items() if k != "aot_autograd"), reverse=True)[:3]
+    top = ", ".join(f"{k} {v:.2f}" for v, k in biggest)
+    rest = total - ember_s - aot
+    return f"{total:.2f} s: ember {ember_s:.2f} s ({top}), AOTAutograd {aot:.2f} s, dynamo and the run {rest:.2f} s"
 
 
 def bandwidth_lines(results: list[ModelResult]) -> list[str]:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -55,27 +56,33 @@ def stage(name: str, timings: dict[str, float]) -> Iterator[None]:
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config) -> Callable:
     cache_dir = Path(config.cache_dir)
-    versions = f"{ember_source_hash()} {compiler_identity(config.cxx)} {simd_math_functions()}"
-    key = graph_cache.graph_key(gm, example_inputs, config.cache_key(), versions)
+    timings: dict[str, float] = {}
+    with stage("graph_key", timings):
+        versions = f"{ember_source_hash()} {compiler_identity(config.cxx)} {simd_math_functions()}"
+        key = graph_cache.graph_key(gm, example_inputs, config.cache_key(), versions)
     debug = DebugDump(config.debug, config.debug_dir, key)
     debug.write("fx_graph.txt", gm.print_readable(print_output=False))
-    # a debug run wants every stage's dump, so it never loads a graph whole
-    call = _load_cached(gm, key, config) if config.graph_cache and not config.debug else None
+    call = None
+    if config.graph_cache and not config.debug:  # a debug run wants every stage's dump: never a whole graph
+        with stage("graph_cache_load", timings):
+            call = _load_cached(gm, key, config)
     if call is None:
-        call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug)
-        graph_cache.store(cache_dir, key, source, objects, summary)
+        call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings)
+        with stage("graph_cache_store", timings):
+            graph_cache.store(cache_dir, key, source, objects, summary)
     else:
         summary = call.summary
+    debug.write("timings.txt", "".join(f"{k:18s} {v:.4f}s\n" for k, v in timings.items()))
     if config.explain_file:
         with open(config.explain_file, "a") as f:
             f.write(summary.explanation)
-    _record(summary)
+    _record(summary, timings)
     return call
 
 
-def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump) -> tuple:
-    """Every stage, in order; returns the loaded wrapper, its source and a summary."""
-    timings: dict[str, float] = {}
+def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump, timings: dict) -> tuple:
+    """Every stage, in order; returns the loaded wrapper, its source and a summary.
+    C++ kernels go to gcc as soon as each is rendered (Note: compiling while generating)."""
     device = graph_device(gm, example_inputs)
     backend = graph_backend(device, config)
     with stage("lower", timings):
@@ -87,26 +94,32 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         scheduled = schedule(graph, fusion=config.fusion)
         steps = scheduled.steps
     debug.write("fusion.txt", describe_fusion(scheduled))
-    with stage("codegen", timings):
+    with contextlib.ExitStack() as pool_scope:
         if backend == "triton":
-            rendered = {i: codegen_triton_kernel(s) for i, s in enumerate(steps) if _has_work(s)}
+            with stage("codegen", timings):
+                rendered: dict = {i: codegen_triton_kernel(s) for i, s in enumerate(steps) if _has_work(s)}
+            with stage("runtime", timings):
+                binaries = compile_triton_kernels(rendered, config, interpret=device.type == "cpu")
         else:
-            dying = [{n: graph.buffers[n] for n in names} for names in graph_last_uses(graph, steps)]
-            rendered = {i: codegen_kernel(s, config, dying[i]) for i, s in enumerate(steps) if _has_work(s)}
+            builder = pool_scope.enter_context(KernelBuilder(config))
+            with stage("codegen", timings):
+                dying = [{n: graph.buffers[n] for n in names} for names in graph_last_uses(graph, steps)]
+            rendered = {}
+            for i, step in enumerate(steps):
+                if _has_work(step):
+                    with stage("codegen", timings):
+                        rendered[i] = codegen_kernel(step, config, dying[i], timings)
+                    builder.submit(rendered[i][0])
+            with stage("runtime", timings):  # what is left of gcc once every kernel is rendered
+                binaries = builder.binaries(rendered)
     for kernel, _ in rendered.values():
         debug.write(f"kernels/{kernel.name}.{'py' if backend == 'triton' else 'cpp'}", kernel.source)
-    with stage("runtime", timings):
-        if backend == "triton":
-            binaries = compile_triton_kernels(rendered, config, interpret=device.type == "cpu")
-        else:
-            binaries = compile_kernels(rendered, config)
     with stage("wrapper", timings):
         host_inputs = frozenset(b.name for b, x in zip(graph.inputs, example_inputs)
                                 if isinstance(x, torch.Tensor) and x.device != device)  # fmt: skip
         wrapper = generate_wrapper(graph, steps, binaries, device, host_inputs)
         call, path = load_wrapper(wrapper, graph.constants, Path(config.cache_dir))
     debug.write("wrapper.py", wrapper.source)
-    debug.write("timings.txt", "".join(f"{k:10s} {v:.4f}s\n" for k, v in timings.items()))
     explanation = (
         f"=== graph with inputs {[b.name for b in graph.inputs]}\n{describe_fusion(scheduled)}"
         f"planned peak memory of intermediates: {wrapper.peak_bytes} bytes\n\n"
@@ -141,8 +154,9 @@ def _finish(call: Callable, path: Path, summary) -> Callable:
     return call
 
 
-def _record(summary) -> None:
+def _record(summary, timings: dict[str, float]) -> None:
     metrics.graphs_compiled += 1
+    metrics.compile_seconds.update(timings)
     metrics.kernels_generated += summary.kernels
     metrics.fusions += summary.fusions
     metrics.fusion_refusals += summary.refusals
@@ -163,36 +177,69 @@ def _has_work(step) -> bool:
     return isinstance(step, KernelStep) and any(c.buffer.layout.numel > 0 for c in step.group)
 
 
-def codegen_kernel(step: KernelStep, config: Config, dying: dict | None = None) -> tuple[RenderedKernel, KernelAST]:
+def codegen_kernel(
+    step: KernelStep, config: Config, dying: dict | None = None, timings: dict[str, float] | None = None
+) -> tuple[RenderedKernel, KernelAST]:
     """One kernel: AST, rewrite phases, linearize, render. Names the op when it fails.
-    `dying`: the buffers whose last use is this kernel (it may write over one of them)."""
+    `dying`: the buffers whose last use is this kernel (it may write over one of them).
+    `timings` gets the rendering's share under "render" (it is part of "codegen")."""
     try:
         ast = build_kernel_ast(step.group, step.stored, dying)
         sink = full_rewrite(ast.sink)
         program = linearize(sink)
         name = f"kernel_{sink.key[:16]}"
-        return render(name, program, ast.outputs, config.parallel_threshold, simd_math_functions()), ast
+        start = time.perf_counter()
+        kernel = render(name, program, ast.outputs, config.parallel_threshold, simd_math_functions())
+        if timings is not None:
+            timings["render"] = timings.get("render", 0.0) + time.perf_counter() - start
+        return kernel, ast
     except Exception as e:
         origins = ", ".join(o for c in step.group for o in c.origins)
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e
 
 
-def compile_kernels(rendered: dict[int, tuple[RenderedKernel, KernelAST]], config: Config) -> dict:
-    """gcc runs in parallel: each compile is a subprocess, so threads are enough."""
-    cache_dir = Path(config.cache_dir)
+class KernelBuilder:
+    """gcc for each rendered kernel, started as soon as it is submitted.
 
-    def build(item: tuple[RenderedKernel, KernelAST]) -> CompiledKernel:
-        kernel, _ = item
-        return compile_cpp(kernel.source, kernel.name, cache_dir, config.cxx, ember.__version__)
+    Note: compiling while generating
+        Code generation is Python (one core, the GIL); gcc runs in subprocesses. Submitting each
+        kernel to a thread pool as soon as it is rendered lets gcc work on the other cores while
+        the next kernels are generated, instead of waiting for all of them. Each compile is a
+        subprocess, so threads are enough; identical sources are compiled once. The pool has one
+        thread per usable core (`config.compile_threads`), so a cold compile does not start more
+        gcc processes than the machine runs at once.
+    """
 
-    with ThreadPoolExecutor(max_workers=max(1, config.compile_threads)) as pool:
-        compiled = dict(zip(rendered, pool.map(build, rendered.values())))
-    binaries = {}
-    for i, result in compiled.items():
-        metrics.code_cache_hits += result.cache_hit
-        metrics.code_cache_misses += not result.cache_hit
-        # identical kernels share one loaded function: the symbol is a content hash
-        errors = tuple((e.error, e.message) for e in rendered[i][0].errors)
-        ast = rendered[i][1]
-        binaries[i] = KernelBinary(result.symbol, str(result.path), result.symbol, ast.params, errors, ast.inplace)
-    return binaries
+    def __init__(self, config: Config):
+        self.config = config
+        self.pool = ThreadPoolExecutor(max_workers=compile_workers(config.compile_threads))
+        self.futures: dict[str, Future[CompiledKernel]] = {}  # source -> its compile
+
+    def __enter__(self) -> KernelBuilder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def submit(self, kernel: RenderedKernel) -> None:
+        if kernel.source not in self.futures:
+            cache_dir, cxx = Path(self.config.cache_dir), self.config.cxx
+            self.futures[kernel.source] = self.pool.submit(
+                compile_cpp, kernel.source, kernel.name, cache_dir, cxx, ember.__version__
+            )
+
+    def binaries(self, rendered: dict[int, tuple[RenderedKernel, KernelAST]]) -> dict[int, KernelBinary]:
+        binaries = {}
+        for i, (kernel, ast) in rendered.items():
+            result = self.futures[kernel.source].result()
+            metrics.code_cache_hits += result.cache_hit
+            metrics.code_cache_misses += not result.cache_hit
+            # identical kernels share one loaded function: the symbol is a content hash
+            errors = tuple((e.error, e.message) for e in kernel.errors)
+            binaries[i] = KernelBinary(result.symbol, str(result.path), result.symbol, ast.params, errors, ast.inplace)
+        return binaries
+
+
+def compile_workers(requested: int) -> int:
+    """`compile_threads`, or one per core this process may run on when it is 0."""
+    return requested if requested > 0 else max(1, len(os.sched_getaffinity(0)))

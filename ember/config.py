@@ -31,7 +31,8 @@ class Config:
     explain_file: str = _flag("", "EMBER_EXPLAIN_FILE", False, "append each graph's explanation to this file")
     fallback_random: bool = _flag(False, "EMBER_FALLBACK_RANDOM", True,
                                   "random ops call aten: eager's generator and values, no fusion")  # fmt: skip
-    compile_threads: int = _flag(8, "EMBER_COMPILE_THREADS", False, "kernels compiled in parallel")
+    compile_threads: int = _flag(0, "EMBER_COMPILE_THREADS", False,
+                                 "kernels compiled in parallel; 0: one per usable CPU core")  # fmt: skip
     backend: str = _flag("auto", "EMBER_BACKEND", True,
                          "auto: C++ for CPU graphs, Triton for CUDA; triton: Triton for CPU graphs too "
                          "(under Triton's interpreter)")  # fmt: skip

@@ -1,0 +1,105 @@
+"""Compile time: the per-stage breakdown in `ember.metrics.compile_seconds`, the graph cache's
+hits and misses within one process, and gcc started while kernels are still generated."""
+
+import os
+import threading
+
+import pytest
+import torch
+
+import ember
+from ember import compile_graph
+from tests.helpers import check
+
+EMBER_STAGES = {"graph_key", "graph_cache_load", "lower", "schedule", "codegen", "render", "runtime", "wrapper"}
+
+
+def two_kernel_program(x, y):
+    # two pointwise kernels with an extern (mm) between them
+    return torch.mm((x * y).tanh(), y).sin() * 2
+
+
+def compile_twice(fn, *inputs, **options):
+    """Compile `fn` in a fresh dynamo state twice (the second is a new process as far as the
+    graph cache can tell: nothing is kept in memory between them); returns both metrics."""
+    seen = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        ember.metrics.reset()
+        torch.compile(fn, backend=lambda gm, ex: ember.ember_backend(gm, ex, **options), dynamic=False)(*inputs)
+        seen.append(ember.metrics.compile_seconds.copy() | {"hits": ember.metrics.graph_cache_hits})
+    return seen
+
+
+def test_every_stage_is_timed_on_a_miss_and_only_the_lookup_on_a_hit(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    miss, hit = compile_twice(two_kernel_program, x, y)
+    assert miss["hits"] == 0 and EMBER_STAGES | {"aot_autograd", "graph_cache_store"} <= set(miss)
+    assert all(seconds >= 0 for seconds in miss.values())
+    assert hit["hits"] == 1
+    assert {"lower", "schedule", "codegen", "runtime", "wrapper"}.isdisjoint(hit)
+    assert {"graph_key", "graph_cache_load", "aot_autograd"} <= set(hit)
+
+
+def test_a_config_change_in_the_cache_key_misses(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    compile_twice(two_kernel_program, x, y)
+    (other, again) = compile_twice(two_kernel_program, x, y, parallel_threshold=7)
+    assert other["hits"] == 0 and "lower" in other  # a new key: compiled through every stage
+    assert again["hits"] == 1
+
+
+def test_a_flag_outside_the_cache_key_still_hits(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    x = torch.randn(32)
+    compile_twice(lambda t: t.sin() + 1, x)
+    (hit, _) = compile_twice(lambda t: t.sin() + 1, x, compile_threads=1)
+    assert hit["hits"] == 1
+
+
+def test_kernels_compile_while_others_are_generated(tmp_path, monkeypatch):
+    """Each kernel goes to gcc when it is rendered: the first kernel's compile starts before
+    the second kernel is generated (with the compiles deferred, the wait below times out)."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    started, waits = threading.Semaphore(0), []
+    real_submit, real_compile = compile_graph.KernelBuilder.submit, compile_graph.compile_cpp
+
+    def submit(self, kernel):
+        real_submit(self, kernel)
+        waits.append(started.acquire(timeout=60))
+
+    def compile_cpp(*args, **kwargs):
+        started.release()
+        return real_compile(*args, **kwargs)
+
+    monkeypatch.setattr(compile_graph.KernelBuilder, "submit", submit)
+    monkeypatch.setattr(compile_graph, "compile_cpp", compile_cpp)
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    check(two_kernel_program, x, y)
+    assert ember.metrics.kernels_generated == 2 and ember.metrics.code_cache_misses == 2
+    assert waits == [True, True]
+
+
+def test_identical_kernels_compile_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    calls = []
+    real_compile = compile_graph.compile_cpp
+    monkeypatch.setattr(compile_graph, "compile_cpp", lambda *a, **k: calls.append(a[1]) or real_compile(*a, **k))
+
+    def f(x, y):  # the same pointwise kernel on two inputs of one layout, each read after
+        a, b = x.exp() * 2, y.exp() * 2
+        return a, b, torch.mm(a, b)
+
+    x, y = torch.randn(16, 16), torch.randn(16, 16)
+    check(f, x, y)
+    kernels = ember.metrics.kernels_generated
+    assert kernels >= 2 and len(calls) < kernels  # x's and y's kernels share sources: fewer gcc runs
+    assert ember.metrics.code_cache_hits + ember.metrics.code_cache_misses == kernels
+
+
+@pytest.mark.parametrize("requested", [0, 1, 3])
+def test_compile_workers(requested):
+    usable = len(os.sched_getaffinity(0))
+    assert compile_graph.compile_workers(requested) == (requested or usable)
