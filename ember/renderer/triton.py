@@ -22,9 +22,13 @@ Note: nested reductions
     A REDUCE whose source holds another REDUCE that varies with its reduce ranges (the mean
     over rows of each row's logsumexp: cross-entropy; multilabel_margin_loss) cannot be one
     block phase: the inner one needs the r axis for its own elements. The enclosing REDUCE is
-    *sequential* instead: a scalar `for` loop over its elements with a [XBLOCK, 1] accumulator,
-    and the reductions inside run as ordinary phases in each iteration (persistent or looped),
-    so nesting goes as deep as the AST does. Phases form a chain (`Phase.parent`): a value is
+    *sequential* instead: a `for` loop over its elements with a [XBLOCK, 1] accumulator, and
+    the reductions inside run as ordinary phases in each iteration (persistent or looped), so
+    nesting goes as deep as the AST does. When the kernel has no x axis of its own (a loss: one
+    number), the outermost sequential loops are *chunked*: XBLOCK elements per iteration on the
+    x lanes (masked by the loop's own bound instead of xmask), reduced over x at the end; the
+    launcher sizes XBLOCK by that extent (`xextent`) while the grid stays one program. Inside a
+    kernel with an x axis, a sequential loop walks one element (a scalar) per iteration. Phases form a chain (`Phase.parent`): a value is
     emitted in the innermost phase whose ranges it varies with, so per-row values are
     computed once per row and row-invariant ones once per program.
 
