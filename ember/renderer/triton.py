@@ -24,13 +24,15 @@ Note: nested reductions
     block phase: the inner one needs the r axis for its own elements. The enclosing REDUCE is
     *sequential* instead: a `for` loop over its elements with a [XBLOCK, 1] accumulator, and
     the reductions inside run as ordinary phases in each iteration (persistent or looped), so
-    nesting goes as deep as the AST does. When the kernel has no x axis of its own (a loss: one
-    number), the outermost sequential loops are *chunked*: XBLOCK elements per iteration on the
-    x lanes (masked by the loop's own bound instead of xmask), reduced over x at the end; the
-    launcher sizes XBLOCK by that extent (`xextent`) while the grid stays one program. Inside a
-    kernel with an x axis, a sequential loop walks one element (a scalar) per iteration. Phases form a chain (`Phase.parent`): a value is
-    emitted in the innermost phase whose ranges it varies with, so per-row values are
-    computed once per row and row-invariant ones once per program.
+    nesting goes as deep as the AST does. A sequential REDUCE that varies with no loop (a
+    loss: one number) is *chunked*: XBLOCK elements per iteration on the x lanes (nothing in it
+    varies with x, so the lanes are free; masked by the loop's own bound instead of xmask),
+    reduced over x at the end; the launcher sizes XBLOCK by that extent (`xextent`), the grid
+    by xnumel. When the kernel also has an x axis (cross-entropy's loss fused with per-row
+    outputs), every program computes the loss (redundant work, no extra kernel). A sequential
+    REDUCE that varies with other loops walks one element (a scalar) per iteration. Phases
+    form a chain (`Phase.parent`): a value is emitted in the innermost phase whose ranges it
+    varies with, so per-row values are computed once per row, row-invariant ones once.
 
 Note: kernel errors on the GPU
     As on the CPU (Note: kernel errors, renderer/cpp.py) a failed CHECK computes on with
@@ -240,8 +242,8 @@ def kernel_shape(sink: UOp) -> KernelShape:
     inner = tuple(r for r in loops if r not in outer_set)
     blocked = [_numel(red.src[1:]) for red in reduces if red not in sequential]
     extents = blocked + ([_numel(inner)] if inner else [])
-    # with no x axis of its own, a kernel's outermost sequential loops take x lanes
-    chunked = frozenset(red for red in sequential if not outer and not any(r.arg.reduce for r in red.ranges))
+    # a sequential REDUCE that varies with nothing (a loss) uses the x lanes for its own elements
+    chunked = frozenset(red for red in sequential if not red.ranges)
     return KernelShape(outer, inner, reduces, _numel(outer), max(extents, default=1), sequential, chunked)
 
 
