@@ -71,5 +71,7 @@ def compile_triton_kernels(rendered: dict[int, tuple[TritonKernel, tuple[str, ..
         written = [j for j, (_, _, w) in enumerate(kernel.params) if w]
         launch = {"variants": kernel.variants, "xnumel": kernel.xnumel, "rnumel": kernel.rnumel,
                   "written": written, "interpret": interpret, "autotune": config.autotune}  # fmt: skip
+        if kernel.xextent > kernel.xnumel:  # Note: nested reductions (renderer/triton.py)
+            launch["xextent"] = kernel.xextent
         binaries[i] = KernelBinary(kernel.name, str(path), kernel.name, params, errors, triton=launch)
     return binaries

@@ -22,11 +22,17 @@ Note: nested reductions
     A REDUCE whose source holds another REDUCE that varies with its reduce ranges (the mean
     over rows of each row's logsumexp: cross-entropy; multilabel_margin_loss) cannot be one
     block phase: the inner one needs the r axis for its own elements. The enclosing REDUCE is
-    *sequential* instead: a scalar `for` loop over its elements with a [XBLOCK, 1] accumulator,
-    and the reductions inside run as ordinary phases in each iteration (persistent or looped),
-    so nesting goes as deep as the AST does. Phases form a chain (`Phase.parent`): a value is
-    emitted in the innermost phase whose ranges it varies with, so per-row values are
-    computed once per row and row-invariant ones once per program.
+    *sequential* instead: a `for` loop over its elements with a [XBLOCK, 1] accumulator, and
+    the reductions inside run as ordinary phases in each iteration (persistent or looped), so
+    nesting goes as deep as the AST does. A sequential REDUCE that varies with no loop (a
+    loss: one number) is *chunked*: XBLOCK elements per iteration on the x lanes (nothing in it
+    varies with x, so the lanes are free; masked by the loop's own bound instead of xmask),
+    reduced over x at the end; the launcher sizes XBLOCK by that extent (`xextent`), the grid
+    by xnumel. When the kernel also has an x axis (cross-entropy's loss fused with per-row
+    outputs), every program computes the loss (redundant work, no extra kernel). A sequential
+    REDUCE that varies with other loops walks one element (a scalar) per iteration. Phases
+    form a chain (`Phase.parent`): a value is emitted in the innermost phase whose ranges it
+    varies with, so per-row values are computed once per row, row-invariant ones once.
 
 Note: kernel errors on the GPU
     As on the CPU (Note: kernel errors, renderer/cpp.py) a failed CHECK computes on with
@@ -244,7 +250,13 @@ class KernelShape:
     xnumel: int
     rnumel: int  # the largest block phase's extent (0 for pointwise kernels)
     scans: tuple[UOp, ...] = ()  # SCANs, over the one inner range (Note: scans on blocks, triton_scan.py)
-    sequential: frozenset[UOp] = frozenset()  # REDUCEs walked one element at a time (Note: nested reductions)
+    sequential: frozenset[UOp] = frozenset()  # REDUCEs walked in a loop (Note: nested reductions)
+    chunked: frozenset[UOp] = frozenset()  # sequential REDUCEs walked XBLOCK elements at a time
+
+    @property
+    def xextent(self) -> int:
+        """The extent an x block covers: the x axis, or the elements a chunked loop walks."""
+        return max([self.xnumel] + [_numel(red.src[1:]) for red in self.chunked])
 
     @property
     def pointwise(self) -> bool:
@@ -263,7 +275,10 @@ def kernel_shape(sink: UOp) -> KernelShape:
     inner = tuple(r for r in loops if r not in outer_set)
     blocked = [_numel(red.src[1:]) for red in reduces if red not in sequential]
     extents = blocked + ([_numel(inner)] if inner else [])
-    return KernelShape(outer, inner, reduces, _numel(outer), max(extents, default=1), sequential=sequential)
+    # a sequential REDUCE that varies with nothing (a loss) uses the x lanes for its own elements
+    chunked = frozenset(red for red in sequential if not red.ranges)
+    return KernelShape(outer, inner, reduces, _numel(outer), max(extents, default=1), sequential=sequential,
+                       chunked=chunked)  # fmt: skip
 
 
 def _numel(ranges) -> int:
@@ -313,6 +328,7 @@ class Phase:
     index: str  # the flattened r position's variable (a block), or the loop's (a scalar)
     parent: Phase | None = None  # the phase this one runs inside
     sequential: bool = False
+    chunked: bool = False  # a sequential phase walking XBLOCK elements at a time on the x axis
 
     def chain(self):
         """This phase and those it runs inside, innermost first."""
@@ -331,6 +347,7 @@ class TritonKernel:
     xnumel: int
     rnumel: int
     variants: list[str]  # "pointwise" | "persistent" | "looped", one @triton.jit function each
+    xextent: int = 0  # what XBLOCK should cover (KernelShape.xextent; xnumel sizes the grid)
 
     def function(self, variant: str) -> str:
         return f"{self.name}_{variant}"
@@ -385,14 +402,19 @@ class _Renderer:
         scope.lines.append(f"{pad}rindex = roffset + tl.arange(0, RBLOCK)[None, :]{self._widen()}")
         return self._keep(Phase(ranges, numel, scope, "rindex", parent))
 
-    def open_loop(self, ranges: tuple[UOp, ...], parent: Phase | None) -> Phase:
-        """A sequential phase: a scalar loop over `ranges` (Note: nested reductions)."""
-        outside, name = self.scope_of(parent), f"e{self.counter}"
+    def open_loop(self, ranges: tuple[UOp, ...], parent: Phase | None, chunked: bool) -> Phase:
+        """A sequential phase: a loop over `ranges`, one element (a scalar) or XBLOCK of them
+        (a [XBLOCK, 1] block) at a time (Note: nested reductions)."""
+        outside, name, numel = self.scope_of(parent), f"e{self.counter}", _numel(ranges)
         self.counter += 1
         pad = outside.indent + "    "
-        scope = Scope([f"{outside.indent}for {name} in range({_numel(ranges)}):"], pad, outside)
+        if chunked:
+            scope = Scope([f"{outside.indent}for {name}_offset in range(0, {numel}, XBLOCK):"], pad, outside)
+            scope.lines.append(f"{pad}{name} = {name}_offset + tl.arange(0, XBLOCK)[:, None]{self._widen()}")
+            return self._keep(Phase(ranges, numel, scope, name, parent, sequential=True, chunked=True))
+        scope = Scope([f"{outside.indent}for {name} in range({numel}):"], pad, outside)
         index = name if self.bits == 32 else f"tl.cast({name}, tl.int64)"
-        return self._keep(Phase(ranges, _numel(ranges), scope, index, parent, sequential=True))
+        return self._keep(Phase(ranges, numel, scope, index, parent, sequential=True))
 
     def _keep(self, phase: Phase) -> Phase:
         self.phases.append(phase)
@@ -465,7 +487,7 @@ class _Renderer:
         if ranges & set(self.shape.outer):
             parts.append("xmask")
         for p in phase.chain() if phase is not None else ():
-            if not p.sequential and ranges & set(p.ranges):
+            if (p.chunked or not p.sequential) and ranges & set(p.ranges):
                 parts.append(f"({p.index} < {p.numel})")
         return " & ".join(parts) if parts else None
 
@@ -478,8 +500,11 @@ class _Renderer:
         return f"tl.load({pointer}, mask={mask})" if mask else f"tl.load({pointer})"
 
     def full_mask(self, phase: Phase | None) -> str:
+        """The lanes that compute real elements: x lanes (or a chunked loop's), r lanes."""
+        chunk = next((p for p in phase.chain() if p.chunked), None) if phase is not None else None
+        lanes = "xmask" if chunk is None else f"({chunk.index} < {chunk.numel})"
         block = self.block_phase(phase)
-        return "xmask" if block is None else f"xmask & ({block.index} < {block.numel})"
+        return lanes if block is None else f"{lanes} & ({block.index} < {block.numel})"
 
     def block_phase(self, phase: Phase | None) -> Phase | None:
         """The phase over the r axis that `phase` is or runs in (a sequential one runs in none)."""
@@ -560,18 +585,23 @@ class _Renderer:
         return self.emit(outside, f"{call}({acc}, 1, keep_dims=True)")
 
     def sequential_reduce(self, red: UOp, parent: Phase | None) -> str:
-        """Note: nested reductions. A [XBLOCK, 1] accumulator updated once per element."""
+        """Note: nested reductions. A [XBLOCK, 1] accumulator updated once per element, or,
+        chunked, once per XBLOCK elements and then reduced over x."""
         combine, dtype = red.arg, red.dtype
         identity = render_const(reduce_identity(combine, dtype), dtype)
         outside = self.scope_of(parent)
         acc = f"acc{self.counter}"
         self.counter += 1
         outside.lines.append(f"{outside.indent}{acc} = tl.full([XBLOCK, 1], {identity}, {tl_type(dtype)})")
-        loop = self.open_loop(red.src[1:], parent)
+        loop = self.open_loop(red.src[1:], parent, chunked=red in self.shape.chunked)
         value = self.value(red.src[0], loop)
+        if loop.chunked:
+            value = f"tl.where({loop.index} < {loop.numel}, {value}, {identity})"
         loop.scope.lines.append(f"{loop.scope.indent}{acc} = {combine_expr(combine, dtype, acc, value)}")
         self.close_phase(loop)
-        return acc
+        if not loop.chunked:
+            return acc
+        return self.emit(outside, f"tl.broadcast_to({REDUCE_CALLS[combine]}({acc}, 0, keep_dims=True), [XBLOCK, 1])")
 
 
 def _decompose(index: str, ranges: tuple[UOp, ...], r: UOp) -> str:
@@ -689,4 +719,4 @@ def render_triton(name: str, sink: UOp, written: frozenset[str], scalars: frozen
         head = f"{jit}\ndef {name}_{variant}({signature}, {blocks}):\n"
         functions.append(head + "\n".join(lines) + "\n")
     source = PRELUDE + (HELPERS if uses_helpers(sink) else "") + renderer.prelude + "\n\n" + "\n\n".join(functions)
-    return TritonKernel(name, source, params, errors, shape.xnumel, shape.rnumel, variants)
+    return TritonKernel(name, source, params, errors, shape.xnumel, shape.rnumel, variants, shape.xextent)

@@ -146,8 +146,9 @@ class TritonLauncher:
     """One kernel as the wrapper calls it: `launcher(*tensors)`."""
 
     def __init__(self, path: str, name: str, variants: list[str], xnumel: int, rnumel: int, written: list[int],
-                 interpret: bool, autotune: bool = True) -> None:  # fmt: skip
+                 interpret: bool, autotune: bool = True, xextent: int = 0) -> None:  # fmt: skip
         self.path, self.name, self.variants, self.autotune = path, name, variants, autotune
+        self.xextent = max(xnumel, xextent)  # what XBLOCK may cover (more than the grid's x: nested reductions)
         self.xnumel, self.rnumel, self.written, self.interpret = xnumel, rnumel, written, interpret
         self.module = import_module(path, interpret)
         self.config: LaunchConfig | None = None
@@ -187,7 +188,7 @@ class TritonLauncher:
         return Path(self.path).with_suffix(f".{content_hash(device_name)[:12]}.tune.json")
 
     def choose(self, args: tuple) -> LaunchConfig:
-        options = candidates(self.variants, self.xnumel, self.rnumel, self.interpret)
+        options = candidates(self.variants, self.xextent, self.rnumel, self.interpret)
         if self.interpret or not self.autotune or len(options) == 1:
             return options[0]
         import torch
