@@ -57,7 +57,7 @@ CAT: dict[str, Callable] = {  # inputs: a (3, 4) contiguous, b (3, 4) transposed
     "cat_dim1": lambda a, b, c: torch.cat([a, b], 1),
     "cat_three_negative_dim": lambda a, b, c: torch.cat([b, a, b[:, :2]], -1),
     "cat_broadcast_input": lambda a, b, c: torch.cat([a, c.expand(3, 4), b], 0),
-    "cat_empty_inputs": lambda a, b, c: torch.cat([a[:0], a, torch.zeros(0, dtype=a.dtype), b]),
+    "cat_empty_inputs": lambda a, b, c: torch.cat([a[:0], a, torch.zeros(0, dtype=a.dtype, device=a.device), b]),
     "cat_promotes": lambda a, b, c: torch.cat([a, b.to(f64)], 1),
     "cat_single": lambda a, b, c: torch.cat([b]),
     "cat_of_views": lambda a, b, c: torch.cat([a.t(), b[::2].t()], 1),
