@@ -63,6 +63,7 @@ def test_kernels_compile_while_others_are_generated(tmp_path, monkeypatch):
     """Each kernel goes to gcc when it is rendered: the first kernel's compile starts before
     the second kernel is generated (with the compiles deferred, the wait below times out)."""
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")  # gcc's pipeline: the C++ backend on any machine
     started, waits = threading.Semaphore(0), []
     real_submit, real_compile = compile_graph.KernelBuilder.submit, compile_graph.compile_cpp
 
