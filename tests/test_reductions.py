@@ -5,9 +5,10 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import ember
-from tests.helpers import check
+from tests.helpers import check, compile_fn, to_test_device
 
 
 def inputs():
@@ -144,3 +145,32 @@ def test_multilabel_margin_loss_ignores_slots_after_the_first_minus_one(reductio
     check(f, x, target)
     check(f, torch.randn(6), torch.tensor([2, 5, -1, 0, 1, 3]))
     assert ember.metrics.fallback_calls == 0
+
+
+# ---- nested reductions (Note: nested reductions, renderer/triton.py) ----------------------------
+
+
+@pytest.mark.parametrize("width", [24, 100], ids=["persistent", "looped"])
+def test_cross_entropy_forward_and_backward(width):
+    """The mean over rows of each row's logsumexp: a reduction inside another's loop, walked
+    XBLOCK rows at a time (Note: nested reductions); in training, fused with per-row outputs
+    into a kernel with an x axis of its own."""
+    torch.manual_seed(0)
+    x, target = torch.randn(21, width), torch.randint(0, width, (21,))  # rows > XBLOCK: chunks with a tail
+    target[4] = -100
+    x[2, 3] = float("-inf")
+    check(lambda x, t: F.cross_entropy(x, t), x, target)
+    assert ember.metrics.kernels_generated <= 2
+    x = x.clone().requires_grad_()
+
+    def step(x, t):
+        loss = F.cross_entropy(x, t, label_smoothing=0.1)
+        loss.backward()
+        return loss
+
+    device_x = to_test_device(x.detach()).requires_grad_()
+    loss = compile_fn(step)(device_x, to_test_device(target))
+    want = step(x, target)
+    torch.testing.assert_close(loss.cpu(), want)
+    torch.testing.assert_close(device_x.grad.cpu(), x.grad)
+    assert ember.metrics.fallback_calls == 0 and ember.metrics.graphs_failed == 0

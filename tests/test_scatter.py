@@ -146,6 +146,59 @@ def test_scatter_kernels_and_readers_of_the_result():
     check_lowered({"fn": fn}, x, u.t()[:, :4] % 4, s)
 
 
+# ---- contention, race freedom, errors in atomic stores ------------------------------------------
+
+CONTENDED = {
+    "sum": lambda x, i, s: x.scatter_reduce(0, i, s, "sum"),
+    "prod": lambda x, i, s: x.scatter_reduce(0, i, s, "prod"),
+    "amax": lambda x, i, s: x.scatter_reduce(0, i, s, "amax", include_self=False),
+    "amin": lambda x, i, s: x.scatter_reduce(0, i, s, "amin"),
+    "mean": lambda x, i, s: x.scatter_reduce(0, i, s, "mean"),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64, torch.int16, torch.int8,
+                                   torch.uint8, torch.bool], ids=str)  # fmt: skip
+def test_contended_stores_combine_every_value(dtype):
+    """3000 values (300 of 8 or 16 bits: the interpreter serializes their word's swaps) into 5
+    elements: every lane of a block meets many others at its element (atomics, compare-and-swap
+    loops on the element or on the 32-bit word holding it). Float values are powers of two, so
+    sums and products are exact in any order."""
+    n = 3000 if dtype.itemsize >= 4 else 300
+    index = torch.arange(n) * 7 % 5
+    if dtype.is_floating_point:
+        src = torch.tensor([1.0, -1.0, 2.0, 0.5, -2.0, 0.25])[torch.arange(n) * 5 % 6].to(dtype)
+        src[17] = float("nan")  # element 2 (17 * 7 % 5): NaN propagates through max, min, sum, prod
+    else:
+        src = data((n,), torch.int64, seed=4, int_bound=3).to(dtype)  # uint8: wrapped negatives
+    ops = dict(CONTENDED) if dtype is not torch.bool else {k: CONTENDED[k] for k in ("sum", "prod", "amax", "amin")}
+    check_lowered(ops, data((5,), torch.int64, seed=5, int_bound=2).to(dtype), index, src)
+
+
+def test_owner_dim_stores_are_atomic_across_a_block():
+    """index_put with accumulate over (tokens, features): the feature dim is an owner dim (the
+    C++ renderer's stores are plain there), but one Triton block holds many tokens of a
+    feature, so the stores there must still be atomic: integer sums exact."""
+    tokens = torch.arange(512) % 3
+    grad = data((512, 32), torch.int64, seed=6, int_bound=1000)
+    check_lowered({"index_put": lambda x, i, g: x.index_put((i,), g, accumulate=True)},
+                  torch.zeros(3, 32, dtype=torch.int64), tokens, grad)  # fmt: skip
+
+
+@pytest.mark.parametrize("reduce", ["prod", "amax", "sum"])
+def test_out_of_range_in_an_atomic_store_raises_and_flag_resets(reduce):
+    fn = compile_fn(lambda x, i, s: x.scatter_reduce(0, i, s, reduce))
+    x, s = data((4,), seed=7), data((300,), seed=8)
+    bad = torch.arange(300) % 4
+    bad[250] = 4
+    with pytest.raises(RuntimeError):
+        fn(*map(to_test_device, (x, bad, s)))
+    good = torch.arange(300) % 4
+    got = fn(*map(to_test_device, (x, good, s))).cpu()
+    torch.testing.assert_close(got, x.scatter_reduce(0, good, s, reduce), rtol=1e-5, atol=1e-5)
+    assert ember.metrics.fallback_calls == 0
+
+
 # ---- index_put and the ops that arrive as it ------------------------------------------------------
 
 

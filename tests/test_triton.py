@@ -2,7 +2,9 @@
 it): a representative subset of the op, reduction, indexing and model tests, reused as they
 are written (EMBER_BACKEND=triton sends CPU graphs to the Triton renderer), plus the
 kernel shapes only the Triton path has (persistent vs looped reductions, fused row
-normalizations, kernel errors through the device flag).
+normalizations, kernel errors through the device flag). Tests that matter most to the Triton
+path but hold on any device (contended atomic stores, nested reductions) live with their ops
+(test_scatter.py, test_reductions.py) and are reused here.
 
 On a GPU machine the whole suite runs on CUDA with EMBER_TEST_DEVICE=cuda (tests/helpers.py);
 these interpreter tests need TRITON_INTERPRET=1 set before triton is imported (conftest.py
@@ -29,7 +31,7 @@ from tests import (
     test_scatter,
     test_schedule,
 )
-from tests.helpers import check, check_lowered, data
+from tests.helpers import check, check_lowered
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter needs TRITON_INTERPRET=1 at start-up"
@@ -118,11 +120,17 @@ test_index_reduce = test_scatter.test_index_reduce
 test_out_of_range_index_raises_as_in_eager = _subset(test_scatter.test_out_of_range_index_raises_as_in_eager,
                                                      bad=lambda bad: bad == 5)  # fmt: skip
 test_gradient_of_embedding = test_scatter.test_gradient_of_embedding
+test_contended_stores_combine_every_value = test_scatter.test_contended_stores_combine_every_value
+test_owner_dim_stores_are_atomic_across_a_block = test_scatter.test_owner_dim_stores_are_atomic_across_a_block
+test_out_of_range_in_an_atomic_store_raises_and_flag_resets = (
+    test_scatter.test_out_of_range_in_an_atomic_store_raises_and_flag_resets
+)
 # reductions inside another reduction's loop (Note: nested reductions, renderer/triton.py)
 test_log_softmax_and_nll_loss_at_most_two_kernels = test_schedule.test_log_softmax_and_nll_loss_at_most_two_kernels
 test_multilabel_margin_loss_ignores_slots_after_the_first_minus_one = (
     test_reductions.test_multilabel_margin_loss_ignores_slots_after_the_first_minus_one
 )
+test_cross_entropy_forward_and_backward = test_reductions.test_cross_entropy_forward_and_backward
 
 
 # ---- what only the Triton path has ------------------------------------------------------------
@@ -243,58 +251,6 @@ def test_long_row_scans_in_chunks(monkeypatch):
     check_lowered({"cumsum": lambda x: x.cumsum(0), "count": lambda x: (x > 0).cumsum(0),
                    "logcumsumexp": lambda x: x[:9000].logcumsumexp(0)}, x)  # fmt: skip
     assert ember.metrics.kernels_generated == 3
-
-
-# ---- stores at computed positions: contention, race freedom, errors ---------------------------
-
-CONTENDED = {
-    "sum": lambda x, i, s: x.scatter_reduce(0, i, s, "sum"),
-    "prod": lambda x, i, s: x.scatter_reduce(0, i, s, "prod"),
-    "amax": lambda x, i, s: x.scatter_reduce(0, i, s, "amax", include_self=False),
-    "amin": lambda x, i, s: x.scatter_reduce(0, i, s, "amin"),
-    "mean": lambda x, i, s: x.scatter_reduce(0, i, s, "mean"),
-}
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64, torch.int16, torch.int8,
-                                   torch.uint8, torch.bool], ids=str)  # fmt: skip
-def test_contended_stores_combine_every_value(dtype):
-    """3000 values (300 of 8 or 16 bits: the interpreter serializes their word's swaps) into 5
-    elements: every lane of a block meets many others at its element (atomics, compare-and-swap
-    loops on the element or on the 32-bit word holding it). Float values are powers of two, so
-    sums and products are exact in any order."""
-    n = 3000 if dtype.itemsize >= 4 else 300
-    index = torch.arange(n) * 7 % 5
-    if dtype.is_floating_point:
-        src = torch.tensor([1.0, -1.0, 2.0, 0.5, -2.0, 0.25])[torch.arange(n) * 5 % 6].to(dtype)
-        src[17] = float("nan")  # element 2 (17 * 7 % 5): NaN propagates through max, min, sum, prod
-    else:
-        src = data((n,), torch.int64, seed=4, int_bound=3).to(dtype)  # uint8: wrapped negatives
-    ops = dict(CONTENDED) if dtype is not torch.bool else {k: CONTENDED[k] for k in ("sum", "prod", "amax", "amin")}
-    check_lowered(ops, data((5,), torch.int64, seed=5, int_bound=2).to(dtype), index, src)
-
-
-def test_owner_dim_stores_are_atomic_across_a_block():
-    """index_put with accumulate over (tokens, features): the feature dim is an owner dim (the
-    C++ renderer's stores are plain there), but one Triton block holds many tokens of a
-    feature, so the stores must still be atomic: integer sums exact."""
-    tokens = torch.arange(512) % 3
-    grad = data((512, 32), torch.int64, seed=6, int_bound=1000)
-    check_lowered({"index_put": lambda x, i, g: x.index_put((i,), g, accumulate=True)},
-                  torch.zeros(3, 32, dtype=torch.int64), tokens, grad)  # fmt: skip
-
-
-@pytest.mark.parametrize("reduce", ["prod", "amax", "sum"])
-def test_out_of_range_in_an_atomic_store_raises_and_flag_resets(reduce):
-    fn = torch.compile(lambda x, i, s: x.scatter_reduce(0, i, s, reduce), backend="ember", dynamic=False)
-    x, s = data((4,), seed=7), data((300,), seed=8)
-    bad = torch.arange(300) % 4
-    bad[250] = 4
-    with pytest.raises(RuntimeError):
-        fn(x, bad, s)
-    good = torch.arange(300) % 4
-    torch.testing.assert_close(fn(x, good, s), x.scatter_reduce(0, good, s, reduce), rtol=1e-5, atol=1e-5)
-    assert ember.metrics.fallback_calls == 0
 
 
 # ---- nested reductions ------------------------------------------------------------------------
