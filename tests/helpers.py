@@ -31,10 +31,14 @@ def test_device() -> str:
 
 
 def to_test_device(x):
-    """`x` on the test device with its strides and storage offset: the whole storage moves, and
-    the same view of it is taken there."""
+    """`x` on the test device with its strides and storage offset. A tensor with an offset is
+    a view of its whole storage moved there; the others are fresh tensors, as users' inputs
+    mostly are (AOTAutograd traces view inputs differently)."""
     if not isinstance(x, torch.Tensor) or test_device() == "cpu":
         return x
+    if x.storage_offset() == 0:
+        moved = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=test_device())
+        return moved.copy_(x).requires_grad_(x.requires_grad)
     elements = x.untyped_storage().nbytes() // x.element_size()
     storage = torch.empty(0, dtype=x.dtype, device=x.device).set_(x.untyped_storage(), 0, (elements,))
     return storage.to(test_device()).as_strided(x.shape, x.stride(), x.storage_offset()).requires_grad_(x.requires_grad)
