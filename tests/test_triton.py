@@ -253,35 +253,6 @@ def test_long_row_scans_in_chunks(monkeypatch):
     assert ember.metrics.kernels_generated == 3
 
 
-# ---- nested reductions ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("width", [24, 100], ids=["persistent", "looped"])
-def test_cross_entropy_forward_and_backward(width):
-    """The mean over rows of each row's logsumexp: a reduction inside another's loop, walked
-    XBLOCK rows at a time (Note: nested reductions); in training, fused with per-row outputs
-    into a kernel with an x axis of its own."""
-    torch.manual_seed(0)
-    x, target = torch.randn(21, width), torch.randint(0, width, (21,))  # rows > XBLOCK: chunks with a tail
-    target[4] = -100
-    x[2, 3] = float("-inf")
-    check(lambda x, t: F.cross_entropy(x, t), x, target)
-    assert ember.metrics.kernels_generated <= 2
-    x = x.clone().requires_grad_()
-
-    def step(x, t):
-        loss = F.cross_entropy(x, t, label_smoothing=0.1)
-        loss.backward()
-        return loss
-
-    loss = torch.compile(step, backend="ember", dynamic=False)(x, target)
-    got, x.grad = x.grad, None
-    want = step(x, target)
-    torch.testing.assert_close(loss, want)
-    torch.testing.assert_close(got, x.grad)
-    assert ember.metrics.fallback_calls == 0 and ember.metrics.graphs_failed == 0
-
-
 # ---- random numbers (Note: counter-based random numbers, lower/random.py) -----------------------
 # (the statistics tests draw 2**20 values: minutes under the interpreter; they run on the GPU)
 
