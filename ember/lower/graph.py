@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten
 
 from ember.errors import EmberError
 from ember.ir import Buffer, BufferRef, Layout, LoweredGraph, OutputSpec, contiguous_strides
-from ember.lower.context import LoweringContext
+from ember.lower.context import MATMUL_OPS, LoweringContext, matmul_operand_layout
 from ember.lower.registry import FULL_PRECISION_ONLY, Unsupported, lookup
 from ember.lower.values import TensorValue, as_strided_read, load
 from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
@@ -150,8 +150,10 @@ def _maybe_realize(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue
         # inlined into a consumer with more loops, a reduction would be recomputed per element
         return ctx.realized(value, node.name)
     if _feeds_extern_kernel(node) and as_strided_read(value) is None:
-        # in eager's layout: views of it (saved for backward, returned) then have eager's strides
-        ref = ctx.realize(value, node.name, _output_layout(node.meta.get("val"), value))
+        # in eager's layout: views of it (saved for backward, returned) then have eager's strides;
+        # an operand only matmuls read may be column-major (Note: transposed matmul operands)
+        layout = matmul_operand_layout(value) if _only_matmuls_read(node) else None
+        ref = ctx.realize(value, node.name, layout or _output_layout(node.meta.get("val"), value))
         return load(ctx.buffers[ref.name], ref.layout)
     opcount = sum(1 for u in nodes if u.dtype.kind != "index")
     if opcount > MAX_INLINE_OPCOUNT or (len(node.users) > 1 and opcount > REUSE_OPCOUNT):
@@ -169,6 +171,11 @@ def _feeds_extern_kernel(node: torch.fx.Node) -> bool:
         if user.target in VIEW_OPS and _feeds_extern_kernel(user):
             return True
     return False
+
+
+def _only_matmuls_read(node: torch.fx.Node) -> bool:
+    return all(user.op == "call_function" and getattr(user.target, "overloadpacket", None) in MATMUL_OPS
+               for user in node.users)  # fmt: skip
 
 
 def _lower_outputs(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> list[OutputSpec]:
