@@ -100,3 +100,31 @@ def test_fusion_off_gives_same_results():
     unfused = torch.compile(f, backend=lambda gm, inp: ember.ember_backend(gm, inp, fusion=False))(x)
     torch.testing.assert_close(unfused, f(x))
     assert ember.metrics.kernels_generated > fused
+
+
+def test_softmax_read_by_bmm_through_a_view_is_one_kernel():
+    # realized in its own shape before the (16, 16, 16) view bmm reads: the row statistics,
+    # shaped (4, 4, 16, 1), align with it and fuse (realized as the view, they would not)
+    scores, v = torch.randn(4, 4, 16, 16), torch.randn(4, 4, 16, 8)
+    check(lambda s, v: torch.matmul(s.softmax(-1), v), scores, v, rtol=1e-4, atol=1e-4)
+    assert ember.metrics.kernels_generated == 1 and ember.metrics.fallback_calls == 0
+
+
+def test_transposed_matmul_operand_is_a_view_of_one_buffer():
+    # a linear layer's backward: grad.t() @ x, grad @ w and grad.sum(0) all read one buffer;
+    # mm gets a transposed view of it, never a transposed copy
+    def backward_like(a, g, x, w):
+        grad = torch.where(a <= 0, 0.0, g)
+        return grad.t() @ x, grad @ w, grad.sum(0)
+
+    a, g, x, w = torch.randn(64, 32), torch.randn(64, 32), torch.randn(64, 16), torch.randn(32, 8)
+    a[0, 0] = math.nan
+    check(backward_like, a, g, x, w, rtol=1e-4, atol=1e-4)
+    assert ember.metrics.kernels_generated == 2  # the grad, its column sum
+    assert ember.metrics.extern_calls == 2 and ember.metrics.fallback_calls == 0
+
+
+def test_reshaped_matmul_result_is_returned_as_a_view():
+    x, w = torch.randn(4, 8, 48), torch.randn(48, 64)
+    check(lambda x, w: (x.reshape(32, 48) @ w).reshape(4, 8, 64), x, w, rtol=1e-4, atol=1e-4)
+    assert ember.metrics.kernels_generated == 0 and ember.metrics.extern_calls == 1

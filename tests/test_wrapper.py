@@ -135,3 +135,32 @@ def test_inplace_chain_of_kernels_matches_eager():
     x = torch.randn(64, 32)
     out, _ = compile_and_capture(f, x)
     torch.testing.assert_close(out, f(x))
+
+
+def test_kernel_writes_over_a_dying_extern_result_read_through_a_reshape():
+    # the mm result (32, 64) is read as (4, 8, 64): its index (b*8 + s)*64 + c is the store's
+    # b*512 + s*64 + c, so the relu still runs in place
+    w = torch.randn(48, 64)
+    f = lambda x: (x.reshape(32, 48) @ w).reshape(4, 8, 64).relu()  # noqa: E731
+    x = torch.randn(4, 8, 48)
+    out, wrapper = compile_and_capture(f, x)
+    torch.testing.assert_close(out, f(x))
+    extern = {b.name for line in wrapper.lines if isinstance(line, L.ExternCall) for b in line.outputs}
+    assert [line for line in wrapper.lines if isinstance(line, L.Reuse) and line.old.name in extern]
+
+
+def test_transposed_bmm_operand_is_copied_column_major():
+    # k.transpose(-2, -1) must be copied for bmm (its heads dim does not merge with the batch
+    # dim); the copy is stored with its last two dims column-major, so it reads k contiguously
+    # (Note: transposed matmul operands)
+    w = torch.randn(32, 96)
+
+    def attention_scores(x):
+        q, k, _ = (x @ w).view(2, 16, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        return torch.matmul(q, k.transpose(-2, -1)).softmax(-1)
+
+    x = torch.randn(2, 16, 32)
+    out, wrapper = compile_and_capture(attention_scores, x)
+    torch.testing.assert_close(out, attention_scores(x))
+    allocated = [line.buffer.layout for line in wrapper.lines if isinstance(line, L.Allocate)]
+    assert any(layout.size == (8, 8, 16) and layout.stride == (128, 1, 8) for layout in allocated)

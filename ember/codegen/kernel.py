@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ember.ir import Buffer, ComputedBuffer, IndexedStore
+from ember.ir import Buffer, ComputedBuffer, IndexedStore, Layout
 from ember.schedule.group import align, resolve_bodies
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import BufferArg, Ops, ScatterArg, UOp, substitute
 from ember.uop.pattern import graph_rewrite
-from ember.uop.symbolic import pm_symbolic
+from ember.uop.symbolic import distributed_terms, pm_symbolic
 
 
 @dataclass(frozen=True)
@@ -57,10 +57,10 @@ def choose_inplace(sink: UOp, members: dict[str, Buffer], dying: dict[str, Buffe
     the kernel sees one `__restrict__` pointer, never two aliasing ones."""
     if not dying or any(u.op in (Ops.REDUCE, Ops.SCAN) for u in sink.toposort):
         return {}
-    reads: dict[str, set[UOp]] = {}
+    reads: dict[str, set[object]] = {}
     for u in sink.toposort:
         if u.op is Ops.INDEX and u.src[0].op is Ops.BUFFER and u.src[0].arg.name in dying:
-            reads.setdefault(u.src[0].arg.name, set()).add(_simplified(u.src[1]))
+            reads.setdefault(u.src[0].arg.name, set()).add(_affine_form(u.src[1]))
     chosen: dict[str, str] = {}
     for store in (s for s in sink.src if s.op is Ops.STORE):
         target, value = store.src
@@ -69,14 +69,18 @@ def choose_inplace(sink: UOp, members: dict[str, Buffer], dying: dict[str, Buffe
         for name, indexes in reads.items():
             if name in chosen.values() or name not in read_by_value or not _can_overwrite(dying[name], out):
                 continue
-            if indexes == {_simplified(target.src[1])}:
+            if indexes == {_affine_form(target.src[1])}:
                 chosen[out.name] = name
                 break
     return chosen
 
 
-def _simplified(index: UOp) -> UOp:
-    return graph_rewrite(index, pm_symbolic)
+def _affine_form(index: UOp) -> object:
+    """A canonical form of `index`: its distributed terms when affine (so (a*64 + b)*1024 and
+    a*65536 + b*1024 compare equal), else the simplified UOp."""
+    simplified = graph_rewrite(index, pm_symbolic)
+    form = distributed_terms(simplified)
+    return simplified if form is None else (frozenset(form[0].items()), form[1])
 
 
 def _can_overwrite(victim: Buffer, out: Buffer) -> bool:
@@ -84,8 +88,26 @@ def _can_overwrite(victim: Buffer, out: Buffer) -> bool:
         return False
     if victim.kind == "computed":  # allocated by the wrapper: its storage is exactly its layout's
         return victim.layout.storage_size == out.layout.storage_size
-    # an aten result may be a view into a larger storage: only the very same elements
-    return victim.kind == "extern" and victim.layout == out.layout
+    # an aten result may be a view into a larger storage: only the very same elements, which
+    # a dense layout of as many elements from its first one are (the wrapper's as_strided
+    # counts from the result's first element)
+    if victim.kind != "extern":
+        return False
+    return victim.layout == out.layout or (_is_dense(victim.layout) and _is_dense(out.layout)
+                                           and victim.layout.numel == out.layout.numel)  # fmt: skip
+
+
+def _is_dense(layout: Layout) -> bool:
+    """Every element of [offset 0, numel) exactly once: strides, smallest first, are the
+    running products of their sizes."""
+    if layout.offset != 0 or layout.numel == 0:
+        return False
+    expected = 1
+    for size, stride in sorted(zip(layout.size, layout.stride), key=lambda p: p[1]):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def group_sink(group: list[ComputedBuffer], stored: set[str]) -> UOp | str:

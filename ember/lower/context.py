@@ -8,14 +8,32 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ember.ir import Buffer, BufferRef, ComputedBuffer, ExternCall, Layout, LoweredGraph
-from ember.lower.values import TensorValue, as_strided_read, load
+from ember.ir import Buffer, BufferRef, ComputedBuffer, ExternCall, Layout, LoweredGraph, contiguous_strides
+from ember.lower.values import TensorValue, as_strided_read, load, reads_transposed
 from ember.uop.dtypes import from_torch
 from ember.uop.ops import UOp
 
 # Reduce loops nest inside every output loop; numbering them past any output axis keeps
 # loop order well defined before codegen renumbers them.
 REDUCE_AXIS_BASE = 1 << 20
+
+
+# aten matmuls that read any strided operand, a transposed one as fast as a plain one (BLAS)
+MATMUL_OPS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm}
+
+
+def matmul_operand_layout(x: TensorValue) -> Layout | None:
+    """Note: transposed matmul operands
+    A matmul operand that must be copied (k.transpose(-2, -1) reshaped for bmm) and that reads
+    its source down dim -2 is stored with its last two dims column-major: the copy then walks
+    both source and result contiguously, where a row-major result would read the source with
+    a stride (a stride of 4 KiB thrashes the cache: 30x slower); BLAS takes either layout.
+    None (row-major) otherwise."""
+    if as_strided_read(x) is not None or not reads_transposed(x):
+        return None
+    strides = list(contiguous_strides(x.shape))
+    strides[-2], strides[-1] = 1, x.shape[-2]
+    return Layout(x.shape, tuple(strides))
 
 
 @dataclass
@@ -59,7 +77,13 @@ class LoweringContext:
 
     def extern(self, op: Any, args: tuple, kwargs: dict, result_meta: Any, origin: str, fallback: bool) -> Any:
         """Call aten `op` on realized arguments; returns TensorValues shaped like its result."""
-        to_ref = lambda a: self.realize(a, origin) if isinstance(a, TensorValue) else a  # noqa: E731
+        matmul = getattr(op, "overloadpacket", op) in MATMUL_OPS
+
+        def to_ref(a: Any) -> Any:
+            if not isinstance(a, TensorValue):
+                return a
+            return self.realize(a, origin, matmul_operand_layout(a) if matmul else None)
+
         args, kwargs = tree_map(to_ref, args), tree_map(to_ref, kwargs)
         metas, _ = tree_flatten(result_meta)
         outputs = [self._extern_output(m) for m in metas if isinstance(m, torch.Tensor)]

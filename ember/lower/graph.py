@@ -3,6 +3,10 @@
 Each node's value is a lazy `TensorValue` that its consumers inline; a value becomes a
 buffer only when something needs memory (Note: when a value is realized):
   - a graph output, or an argument of an extern call;
+  - a value an extern kernel (mm, bmm, ...) reads through views: realized before the views,
+    the extern gets a strided view of it (BLAS reads a transposed matrix as fast as a plain
+    one), where realizing the view itself would copy it with a strided walk, and every other
+    consumer reads the one buffer;
   - a value used by several nodes whose body is large, so inlining would repeat work;
   - a body so large that inlining it again would blow up a kernel.
 """
@@ -18,7 +22,7 @@ from torch.utils._pytree import tree_flatten
 
 from ember.errors import EmberError
 from ember.ir import Buffer, BufferRef, Layout, LoweredGraph, OutputSpec, contiguous_strides
-from ember.lower.context import LoweringContext
+from ember.lower.context import MATMUL_OPS, LoweringContext, matmul_operand_layout
 from ember.lower.registry import FULL_PRECISION_ONLY, Unsupported, lookup
 from ember.lower.values import TensorValue, as_strided_read, load
 from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
@@ -145,10 +149,33 @@ def _maybe_realize(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue
     if any(u.op is Ops.REDUCE for u in nodes):
         # inlined into a consumer with more loops, a reduction would be recomputed per element
         return ctx.realized(value, node.name)
+    if _feeds_extern_kernel(node) and as_strided_read(value) is None:
+        # in eager's layout: views of it (saved for backward, returned) then have eager's strides;
+        # an operand only matmuls read may be column-major (Note: transposed matmul operands)
+        layout = matmul_operand_layout(value) if _only_matmuls_read(node) else None
+        ref = ctx.realize(value, node.name, layout or _output_layout(node.meta.get("val"), value))
+        return load(ctx.buffers[ref.name], ref.layout)
     opcount = sum(1 for u in nodes if u.dtype.kind != "index")
     if opcount > MAX_INLINE_OPCOUNT or (len(node.users) > 1 and opcount > REUSE_OPCOUNT):
         return ctx.realized(value, node.name)
     return value
+
+
+def _feeds_extern_kernel(node: torch.fx.Node) -> bool:
+    """Whether an extern kernel reads `node` directly or through a chain of views."""
+    for user in node.users:
+        if user.op != "call_function":
+            continue
+        if getattr(user.target, "overloadpacket", None) in EXTERN_KERNELS:
+            return True
+        if user.target in VIEW_OPS and _feeds_extern_kernel(user):
+            return True
+    return False
+
+
+def _only_matmuls_read(node: torch.fx.Node) -> bool:
+    return all(user.op == "call_function" and getattr(user.target, "overloadpacket", None) in MATMUL_OPS
+               for user in node.users)  # fmt: skip
 
 
 def _lower_outputs(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> list[OutputSpec]:

@@ -152,6 +152,27 @@ def as_strided_read(x: TensorValue) -> tuple[str, Layout] | None:
     return index.src[0].arg.name, Layout(x.shape, tuple(strides), offset)
 
 
+def reads_transposed(x: TensorValue) -> bool:
+    """Whether `x` reads memory down its second-to-last dim (stride 1 there) and across its
+    last: every load's index, simplified, moves by 1 along dim -2 and by more along dim -1."""
+    from ember.uop.symbolic import distributed_terms, simplify
+
+    if x.ndim < 2 or x.shape[-1] == 1 or x.shape[-2] == 1:
+        return False
+    bounded = {axis(i): UOp.range(max(size, 1), BOUNDED_AXIS_BASE + i) for i, size in enumerate(x.shape)}
+    rows, cols = bounded[axis(x.ndim - 2)], bounded[axis(x.ndim - 1)]
+    loads = [u for u in x.body.toposort if u.op is Ops.LOAD]
+    for load_uop in loads:
+        form = distributed_terms(simplify(substitute(load_uop.src[0].src[1], bounded)), opaque=True)
+        terms = form[0] if form is not None else {}
+        stride = {term: k for term, k in terms.items() if term in (rows, cols)}
+        if any(term not in (rows, cols) and {rows, cols} & term.ranges for term in terms):
+            return False  # dim -2 or -1 inside a div/mod or a product: not a plain stride
+        if stride.get(rows) != 1 or abs(stride.get(cols, 0)) <= 1:
+            return False
+    return bool(loads)
+
+
 # Axes become loop variables with their sizes as bounds while simplifying, so that the
 # div/mod of a reshape folds away ((a*4 + b)//4 -> a needs 0 <= b < 4).
 BOUNDED_AXIS_BASE = 1 << 50
@@ -159,13 +180,16 @@ BOUNDED_AXIS_BASE = 1 << 50
 
 def affine_coefficients(expr: UOp, shape: tuple[int, ...]) -> tuple[int, list[int]] | None:
     """(offset, strides) when `expr` is offset + sum(AXIS i * stride i), else None."""
-    from ember.uop.symbolic import linear_terms, simplify
+    from ember.uop.symbolic import distributed_terms, simplify
 
     bounded = {axis(i): UOp.range(max(size, 1), BOUNDED_AXIS_BASE + i) for i, size in enumerate(shape)}
     dim_of = {r: i for i, r in enumerate(bounded.values())}
-    terms, offset = linear_terms(simplify(substitute(expr, bounded)))
+    form = distributed_terms(simplify(substitute(expr, bounded)))
+    if form is None:
+        return None
+    terms, offset = form
     strides = [0] * len(shape)
-    for term, k in terms:
+    for term, k in terms.items():
         if term not in dim_of:
             return None
         strides[dim_of[term]] += k

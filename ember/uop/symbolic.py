@@ -223,6 +223,33 @@ def linear_terms(index: UOp) -> tuple[list[tuple[UOp, int]], int]:
     return terms, offset
 
 
+def distributed_terms(index: UOp, opaque: bool = False) -> tuple[dict[UOp, int], int] | None:
+    """`index` as ({term: coefficient}, offset) with constant multipliers distributed over
+    sums ((a*4 + b)*128 -> a*512 + b*128), so equal affine indexes compare equal however they
+    were built; None when a term is not a RANGE or AXIS times a constant, unless `opaque`
+    (then such a term, a div or mod, is kept whole)."""
+    coefficients: dict[UOp, int] = {}
+    offset = 0
+
+    def add(u: UOp, k: int) -> bool:
+        nonlocal offset
+        if u.op is Ops.CONST:
+            offset += u.arg * k
+            return True
+        if u.op is Ops.ADD:
+            return all(add(src, k) for src in u.src)
+        if u.op is Ops.MUL and u.src[1].op is Ops.CONST:
+            return add(u.src[0], k * u.src[1].arg)
+        if u.op in (Ops.RANGE, Ops.AXIS) or opaque:
+            coefficients[u] = coefficients.get(u, 0) + k
+            return True
+        return False
+
+    if not add(index, 1):
+        return None
+    return {u: k for u, k in coefficients.items() if k != 0}, offset
+
+
 def sum_of(terms: list[UOp], like: UOp) -> UOp:
     """terms[0] + terms[1] + ..., or a 0 of `like`'s dtype when there are none."""
     return functools.reduce(operator.add, terms) if terms else like.const_like(0)

@@ -538,3 +538,14 @@ def test_decisions_keep_their_value(case):
 @given(cases("trees"))
 def test_free_form_trees_keep_their_value(case):
     check_equivalent(*case)
+
+
+def test_distributed_terms_make_equal_affine_indexes_equal():
+    from ember.uop.symbolic import distributed_terms
+
+    a, b, c = (UOp.range(n, i) for i, n in enumerate((4, 64, 1024)))
+    nested = (a * 64 + b) * 1024 + c
+    flat = a * 65536 + b * 1024 + c
+    assert distributed_terms(nested) == distributed_terms(flat) == ({a: 65536, b: 1024, c: 1}, 0)
+    assert distributed_terms((a + 3) * 2 + 5) == ({a: 2}, 11)
+    assert distributed_terms(a // 2 + b) is None  # not affine in the ranges
