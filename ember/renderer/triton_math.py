@@ -18,9 +18,7 @@ from ember.uop.ops import Ops, UOp
 
 LIBDEVICE_CALLS = {
     Ops.ACOSH: "acosh", Ops.ASINH: "asinh", Ops.ATANH: "atanh", Ops.ERFC: "erfc", Ops.LGAMMA: "lgamma",
-    Ops.ERFINV: "erfinv", Ops.ERFCX: "erfcx", Ops.I0: "cyl_bessel_i0", Ops.I1: "cyl_bessel_i1",
-    Ops.MODIFIED_BESSEL_I0: "cyl_bessel_i0", Ops.MODIFIED_BESSEL_I1: "cyl_bessel_i1", Ops.NDTRI: "normcdfinv",
-    Ops.BESSEL_J0: "j0", Ops.BESSEL_J1: "j1", Ops.BESSEL_Y0: "y0", Ops.BESSEL_Y1: "y1",
+    Ops.ERFINV: "erfinv", Ops.ERFCX: "erfcx", Ops.NDTRI: "normcdfinv",
     Ops.COPYSIGN: "copysign", Ops.NEXTAFTER: "nextafter", Ops.HYPOT: "hypot",
 }  # fmt: skip
 
