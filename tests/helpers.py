@@ -30,15 +30,25 @@ def test_device() -> str:
     return os.environ.get("EMBER_TEST_DEVICE", "cpu")
 
 
+def dense(x: torch.Tensor) -> bool:
+    """Every element of the storage belongs to `x` exactly once (a permuted contiguous layout)."""
+    expected = 1
+    for size, stride in sorted(zip(x.shape, x.stride()), key=lambda p: p[1]):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
+
+
 def to_test_device(x):
-    """`x` on the test device with its strides and storage offset. A tensor with an offset is
-    a view of its whole storage moved there; the others are fresh tensors, as users' inputs
-    mostly are (AOTAutograd traces view inputs differently)."""
+    """`x` on the test device with its strides and storage offset. A dense tensor is a fresh
+    copy, as users' inputs mostly are (AOTAutograd traces view inputs differently); one with
+    an offset or overlapping elements (broadcast) is a view of its whole storage moved there."""
     if not isinstance(x, torch.Tensor) or test_device() == "cpu":
         return x
-    if x.storage_offset() == 0:
-        moved = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=test_device())
-        return moved.copy_(x).requires_grad_(x.requires_grad)
+    if x.storage_offset() == 0 and dense(x):
+        return x.detach().to(test_device()).requires_grad_(x.requires_grad)  # keeps the strides
     elements = x.untyped_storage().nbytes() // x.element_size()
     storage = torch.empty(0, dtype=x.dtype, device=x.device).set_(x.untyped_storage(), 0, (elements,))
     return storage.to(test_device()).as_strided(x.shape, x.stride(), x.storage_offset()).requires_grad_(x.requires_grad)
