@@ -1,5 +1,6 @@
 """compile_graph: one aten FX graph -> a callable, through every stage in order.
 
+passes    FX graph passes on the aten graph (DCE, no-ops, oneDNN rewrites, user hooks)
 lower     aten FX graph -> LoweredGraph (computed buffers with UOp bodies, externs)
 schedule  -> kernels and extern calls in order
 codegen   each kernel -> UOp AST -> rewrite phases -> linearized program
@@ -30,6 +31,7 @@ from ember.debug.log import DebugDump, describe_fusion, describe_ir
 from ember.errors import EmberError
 from ember.lower import lower_graph
 from ember.metrics import metrics
+from ember.passes import run_passes
 from ember.renderer.cpp import RenderedKernel, render
 from ember.runtime import graph_cache
 from ember.runtime.cache import content_hash
@@ -54,14 +56,21 @@ def stage(name: str, timings: dict[str, float]) -> Iterator[None]:
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config) -> Callable:
     cache_dir = Path(config.cache_dir)
+    received = gm.print_readable(print_output=False) if config.debug else ""
+    timings: dict[str, float] = {}
+    with stage("passes", timings):
+        gm, rewrites = run_passes(gm, config)
+        metrics.pass_rewrites.update(rewrites)
+    # keyed by the graph after the passes: what the user's hooks did is part of the key
     versions = f"{ember_source_hash()} {compiler_identity(config.cxx)} {simd_math_functions()}"
     key = graph_cache.graph_key(gm, example_inputs, config.cache_key(), versions)
     debug = DebugDump(config.debug, config.debug_dir, key)
-    debug.write("fx_graph.txt", gm.print_readable(print_output=False))
+    debug.write("fx_graph.txt", received)
+    debug.write("fx_graph_after_passes.txt", gm.print_readable(print_output=False))
     # a debug run wants every stage's dump, so it never loads a graph whole
     call = _load_cached(gm, key, config) if config.graph_cache and not config.debug else None
     if call is None:
-        call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug)
+        call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings)
         graph_cache.store(cache_dir, key, source, objects, summary)
     else:
         summary = call.summary
@@ -72,9 +81,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
     return call
 
 
-def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump) -> tuple:
-    """Every stage, in order; returns the loaded wrapper, its source and a summary."""
-    timings: dict[str, float] = {}
+def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump, timings: dict) -> tuple:
+    """Every stage after the passes, in order; returns the loaded wrapper, its source and a summary."""
     with stage("lower", timings):
         graph, lowering = lower_graph(gm, example_inputs, fallback_random=config.fallback_random)
     debug.write("ir.txt", describe_ir(graph))
