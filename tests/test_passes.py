@@ -248,10 +248,24 @@ def check_inference(model: nn.Module, *inputs, rtol: float = 1.3e-5, atol: float
     return got
 
 
+@pytest.fixture
+def small_linears(monkeypatch):
+    """Rewrite the tests' small linears too (by default only those worth a oneDNN call)."""
+    monkeypatch.setattr(mkldnn, "LINEAR_MIN_MACS", 0)
+
+
+@needs_mkldnn
+def test_small_linears_stay_with_aten():
+    check_inference(eval_model(nn.Linear(64, 64)), data((128, 64)))
+    assert ember.metrics.pass_rewrites["mkldnn_linear"] == 0
+    check_inference(eval_model(nn.Linear(64, 64)), data((256, 64)))
+    assert ember.metrics.pass_rewrites["mkldnn_linear"] == 1
+
+
 @needs_mkldnn
 @pytest.mark.parametrize("activation, fused", [(nn.GELU(approximate="tanh"), True), (nn.Sigmoid(), True),
                                                (nn.Tanh(), True), (nn.ReLU(), False), (nn.GELU(), False)])  # fmt: skip
-def test_linear_with_activation_is_one_onednn_call(activation, fused):
+def test_linear_with_activation_is_one_onednn_call(activation, fused, small_linears):
     """Post-ops whose NaN/inf results differ from aten's (relu, exact gelu) stay ember kernels."""
     model = eval_model(nn.Linear(24, 32), activation, nn.Linear(32, 8, bias=False))
     check_inference(model, data((6, 24)))
@@ -263,8 +277,7 @@ def test_linear_with_activation_is_one_onednn_call(activation, fused):
 
 
 @needs_mkldnn
-def test_relu_post_op_is_opt_in():
-    model = eval_model(nn.Linear(8, 16), nn.ReLU(), nn.Conv2d(1, 2, 3), nn.ReLU())
+def test_relu_post_op_is_opt_in(small_linears):
     model = eval_model(nn.Unflatten(1, (1, 4, 4)), nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8, 4),
                        nn.ReLU())  # fmt: skip
     check_inference(model, data((2, 16)), mkldnn_relu=True)
@@ -275,7 +288,7 @@ def test_relu_post_op_is_opt_in():
 
 
 @needs_mkldnn
-def test_linear_on_batched_transposed_and_empty_inputs():
+def test_linear_on_batched_transposed_and_empty_inputs(small_linears):
     model = eval_model(nn.Linear(16, 12), nn.ReLU())
     check_inference(model, data((2, 5, 16)))
     check_inference(model, data((16, 7)).t())
@@ -284,7 +297,7 @@ def test_linear_on_batched_transposed_and_empty_inputs():
 
 
 @needs_mkldnn
-def test_linear_in_other_dtypes_and_training_is_left_alone():
+def test_linear_in_other_dtypes_and_training_is_left_alone(small_linears):
     model = eval_model(nn.Linear(8, 4), nn.ReLU()).double()
     check(model, data((3, 8), torch.float64))
     assert ember.metrics.pass_rewrites["mkldnn_linear"] == 0
@@ -341,6 +354,7 @@ def test_convolution_epilogue_read_twice_is_not_folded():
 def test_a_result_read_by_two_stores_is_not_overwritten_in_place():
     """Two outputs of one kernel read an extern's result: neither may write over it
     (codegen/kernel.py choose_inplace)."""
+
     def f(a, b):
         y = a @ b
         return torch.relu(y), y * 2
