@@ -15,7 +15,7 @@ from ember.errors import EmberError
 from ember.passes import eliminate_dead_code, mkldnn
 from ember.passes.matcher import FxPat, FxPatternMatcher
 from ember.passes.noops import remove_noops
-from tests.helpers import check, data
+from tests.helpers import check, data, transposed
 
 aten = torch.ops.aten
 needs_mkldnn = pytest.mark.skipif(not mkldnn.applicable(), reason="torch built without oneDNN")
@@ -274,6 +274,16 @@ def test_linear_with_activation_is_one_onednn_call(activation, fused, small_line
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e30, -1e30, 0.0, -0.0, 1.0] * 3)
     model[0].bias.data = special[:32] if len(special) >= 32 else torch.cat([special, special])[:32]
     check_inference(model, data((6, 24)))
+
+
+@needs_mkldnn
+def test_matmul_with_an_in_out_matrix(small_linears):
+    """GPT-2's Conv1D: addmm(b, x, w) with w of shape (in, out); and mm of two activations."""
+    check(lambda b, x, w: torch.addmm(b, x, w), data((6,)), data((5, 4)), data((4, 6)))
+    check(lambda x, y: torch.tanh(torch.mm(x, y.t().exp())), data((5, 4)), data((3, 4)))
+    check(lambda x, y: torch.mm(x, y), data((5, 4)), transposed((4, 3)))
+    assert ember.metrics.pass_rewrites["mkldnn_linear"] == 4  # tanh is a post-op
+    assert ember.metrics.fallback_calls == 0
 
 
 @needs_mkldnn

@@ -5,7 +5,8 @@ and `_convolution_pointwise`: a matmul or convolution, a bias and an activation 
 over the output. They take plain (not prepacked) weights, so these rewrites are right when
 the weights are graph inputs that change between calls. Measured (benchmarks, README):
 
-  - linear: `addmm(b, x, w.t())` / `mm(x, w.t())` -> `_linear_pointwise(x, w, b)`, with a
+  - linear: `addmm(b, x, w.t())` / `mm(x, w.t())` -> `_linear_pointwise(x, w, b)` (and
+    `addmm(b, x, y)` with `y.t()`, a view, as the weight), with a
     following sigmoid/tanh/silu/tanh-gelu folded in. oneDNN's matmul on these machines
     runs about twice as fast as the BLAS behind aten's addmm.
   - convolution: a chain of per-channel affine ops after a 2-d convolution (eval-mode
@@ -69,13 +70,30 @@ def _cpu_float32(*nodes: Any) -> bool:
 def linear(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, w: torch.fx.Node,
            b: Any = None) -> torch.fx.Node | None:  # fmt: skip
     """x @ w.t() + b as one oneDNN linear; w is the (out, in) weight, b a 1-d bias or None."""
-    if node.kwargs or not _cpu_float32(x, w, node) or node.meta["val"].numel() == 0:
-        return None
-    if b is not None and (not _cpu_float32(b) or b.meta["val"].shape != (w.meta["val"].shape[0],)):
-        return None
-    if node.meta["val"].numel() * w.meta["val"].shape[1] < LINEAR_MIN_MACS:
+    if not _linear_pays(node, x, w, b, out_dim=0):
         return None
     return meta.call(graph, torch.ops.mkldnn._linear_pointwise.default, (x, w, b, "none", [], ""))
+
+
+def linear_of_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, y: torch.fx.Node,
+                     b: Any = None) -> torch.fx.Node | None:  # fmt: skip
+    """x @ y + b with y an (in, out) matrix (GPT-2's Conv1D): oneDNN reads y.t() as a view."""
+    if not _linear_pays(node, x, y, b, out_dim=1):
+        return None
+    weight = meta.call(graph, aten.permute.default, (y, [1, 0]))
+    return meta.call(graph, torch.ops.mkldnn._linear_pointwise.default, (x, weight, b, "none", [], ""))
+
+
+def _linear_pays(node: torch.fx.Node, x: Any, weight: Any, b: Any, out_dim: int) -> bool:
+    """A CPU float32 matmul big enough for oneDNN, with plain alpha/beta and a 1-d bias;
+    `weight`'s dim `out_dim` is the output features."""
+    if node.kwargs or not _cpu_float32(x, weight, node) or weight.meta["val"].dim() != 2:
+        return False
+    out_features = weight.meta["val"].shape[out_dim]
+    if b is not None and (not _cpu_float32(b) or b.meta["val"].shape != (out_features,)):
+        return False
+    in_features = weight.meta["val"].shape[1 - out_dim]
+    return node.meta["val"].numel() * in_features >= max(LINEAR_MIN_MACS, 1)
 
 
 def linear_post_op(graph: torch.fx.Graph, node: torch.fx.Node, lin: torch.fx.Node) -> torch.fx.Node | None:
@@ -95,12 +113,14 @@ def post_op(node: torch.fx.Node, relu: bool) -> tuple[str | None, str]:
     return table.get(node.target, (None, ""))  # type: ignore[call-overload]
 
 
-x, w, b = FxPat.var("x"), FxPat.var("w"), FxPat.var("b")
+x, w, y, b = FxPat.var("x"), FxPat.var("w"), FxPat.var("y"), FxPat.var("b")
 weight_t = FxPat((aten.permute.default,), w, [1, 0])
 linear_result = FxPat(torch.ops.mkldnn._linear_pointwise.default, name="lin", one_user=True)
 pm_mkldnn_linear = FxPatternMatcher([
     (FxPat(aten.addmm.default, b, x, weight_t), linear),   # addmm(b, x, w.t()) -> linear(x, w, b)
     (FxPat(aten.mm.default, x, weight_t), linear),         # mm(x, w.t()) -> linear(x, w)
+    (FxPat(aten.addmm.default, b, x, y), linear_of_matrix),  # addmm(b, x, y) -> linear(x, y.t(), b)
+    (FxPat(aten.mm.default, x, y), linear_of_matrix),        # mm(x, y) -> linear(x, y.t())
     (FxPat((*POST_OPS, aten.gelu.default), linear_result),
      linear_post_op),                                      # act(linear(x, w, b)) -> linear(x, w, b, act)
 ])  # fmt: skip
