@@ -58,19 +58,27 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
     cache_dir = Path(config.cache_dir)
     received = gm.print_readable(print_output=False) if config.debug else ""
     timings: dict[str, float] = {}
-    with stage("passes", timings):
-        gm, rewrites = run_passes(gm, config)
-        metrics.pass_rewrites.update(rewrites)
-    # keyed by the graph after the passes: what the user's hooks did is part of the key
     versions = f"{ember_source_hash()} {compiler_identity(config.cxx)} {simd_math_functions()}"
-    key = graph_cache.graph_key(gm, example_inputs, config.cache_key(), versions)
-    debug = DebugDump(config.debug, config.debug_dir, key)
-    debug.write("fx_graph.txt", received)
-    debug.write("fx_graph_after_passes.txt", gm.print_readable(print_output=False))
+    # Note: the graph cache key and the passes. ember's own passes are a function of the graph,
+    # the config and ember's source, all in the key: without user hooks the graph is keyed as
+    # received, and a hit skips the passes too. A user's hook may do anything, so with hooks
+    # the passes run first and the key is the graph after them.
+    hooks = bool(config.pre_passes or config.post_passes)
+    key = None if hooks else graph_cache.graph_key(gm, example_inputs, config.cache_key(), versions)
     # a debug run wants every stage's dump, so it never loads a graph whole
-    call = _load_cached(gm, key, config) if config.graph_cache and not config.debug else None
+    use_cache = config.graph_cache and not config.debug
+    call = _load_cached(gm, key, config) if key and use_cache else None
     if call is None:
+        with stage("passes", timings):
+            gm, rewrites = run_passes(gm, config)
+        key = key or graph_cache.graph_key(gm, example_inputs, config.cache_key(), versions)
+        call = _load_cached(gm, key, config) if hooks and use_cache else None
+    if call is None:
+        debug = DebugDump(config.debug, config.debug_dir, key)
+        debug.write("fx_graph.txt", received)
+        debug.write("fx_graph_after_passes.txt", gm.print_readable(print_output=False))
         call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings)
+        summary.pass_rewrites = dict(rewrites)
         graph_cache.store(cache_dir, key, source, objects, summary)
     else:
         summary = call.summary
@@ -154,6 +162,7 @@ def _record(summary) -> None:
     metrics.extern_calls += summary.extern_calls
     metrics.fallback_calls += len(summary.fallback_ops)
     metrics.fallback_ops.update(summary.fallback_ops)
+    metrics.pass_rewrites.update(summary.pass_rewrites)
 
 
 @functools.cache

@@ -36,13 +36,13 @@ class Config:
                          "auto: C++ for CPU graphs, Triton for CUDA; triton: Triton for CPU graphs too "
                          "(under Triton's interpreter)")  # fmt: skip
     autotune: bool = _flag(True, "EMBER_AUTOTUNE", True, "time a few launch configurations per Triton kernel")
-    # FX graph passes (ember/passes). Not in the cache key: the graph cache is keyed by the graph after them.
-    passes: bool = _flag(True, "EMBER_PASSES", False, "run ember's FX graph passes (DCE, no-ops, conv rewrites)")
-    conv_channels_last: bool = _flag(True, "EMBER_CONV_CHANNELS_LAST", False,
+    # FX graph passes (ember/passes); with user hooks the graph cache is keyed by the graph after them
+    passes: bool = _flag(True, "EMBER_PASSES", True, "run ember's FX graph passes (DCE, no-ops, conv rewrites)")
+    conv_channels_last: bool = _flag(True, "EMBER_CONV_CHANNELS_LAST", True,
                                      "2-d convolutions read channels-last activations (oneDNN's layout)")  # fmt: skip
-    mkldnn_fusion: bool = _flag(True, "EMBER_MKLDNN_FUSION", False,
+    mkldnn_fusion: bool = _flag(True, "EMBER_MKLDNN_FUSION", True,
                                 "linear/conv + bias + activation as one oneDNN call (passes/mkldnn.py)")  # fmt: skip
-    mkldnn_relu: bool = _flag(False, "EMBER_MKLDNN_RELU", False,
+    mkldnn_relu: bool = _flag(False, "EMBER_MKLDNN_RELU", True,
                               "relu as a oneDNN post-op too: faster, but relu(NaN) gives 0, not NaN")  # fmt: skip
     pre_passes: tuple = _flag((), "", False, "callables f(graph: torch.fx.Graph) run before ember's passes")
     post_passes: tuple = _flag((), "", False, "callables f(graph: torch.fx.Graph) run after ember's passes")

@@ -35,10 +35,10 @@ from ember.passes import layout, mkldnn, noops
 def run_passes(gm: torch.fx.GraphModule, config: Config) -> tuple[torch.fx.GraphModule, Counter]:
     """A rewritten copy of `gm` (the original stays intact for the eager fallback) and what
     each pass rewrote (pass name -> count)."""
-    gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # copies nodes, shares constants and meta values
-    graph = gm.graph
+    graph = copy.deepcopy(gm.graph)  # copies nodes; shares constants and meta values
+    graph.owning_module = gm  # constants (get_attr) resolve against the original meanwhile
     rewrites: Counter = Counter()
-    run_user_passes("pre_passes", config.pre_passes, gm)
+    run_user_passes("pre_passes", config.pre_passes, graph)
     if config.passes:
         rewrites["noops"] += noops.remove_noops(graph)
         if config.conv_channels_last:
@@ -49,9 +49,8 @@ def run_passes(gm: torch.fx.GraphModule, config: Config) -> tuple[torch.fx.Graph
                 rewrites["mkldnn_linear"] += mkldnn.pm_mkldnn_linear_relu.apply(graph)
             rewrites["mkldnn_convolution"] += mkldnn.fold_convolution_epilogues(graph, relu=config.mkldnn_relu)
         rewrites["dce"] += eliminate_dead_code(graph)
-    run_user_passes("post_passes", config.post_passes, gm)
-    gm.recompile()
-    return gm, +rewrites
+    run_user_passes("post_passes", config.post_passes, graph)
+    return torch.fx.GraphModule(gm, graph), +rewrites  # generates its Python code once
 
 
 def eliminate_dead_code(graph: torch.fx.Graph) -> int:
@@ -61,15 +60,15 @@ def eliminate_dead_code(graph: torch.fx.Graph) -> int:
     return before - len(graph.nodes)
 
 
-def run_user_passes(option: str, hooks: tuple[Callable, ...], gm: torch.fx.GraphModule) -> None:
+def run_user_passes(option: str, hooks: tuple[Callable, ...], graph: torch.fx.Graph) -> None:
     """Call each hook with the graph; an exception, or a graph left broken, names the hook."""
     for i, hook in enumerate(hooks):
         name = f"{option}[{i}] ({getattr(hook, '__qualname__', repr(hook))})"
         try:
-            hook(gm.graph)
+            hook(graph)
         except Exception as e:
             raise EmberError("passes", f"the user pass {name} raised {type(e).__name__}: {e}") from e
         try:
-            gm.graph.lint()
+            graph.lint()
         except Exception as e:
             raise EmberError("passes", f"the user pass {name} left an invalid graph: {e}") from e

@@ -72,7 +72,7 @@ def linear(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, w: torc
     """x @ w.t() + b as one oneDNN linear; w is the (out, in) weight, b a 1-d bias or None."""
     if not _linear_pays(node, x, w, b, out_dim=0):
         return None
-    return meta.call(graph, torch.ops.mkldnn._linear_pointwise.default, (x, w, b, "none", [], ""))
+    return meta.call(graph, torch.ops.mkldnn._linear_pointwise.default, (x, w, b, "none", [], ""), like=_dense(node))
 
 
 def linear_of_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, y: torch.fx.Node,
@@ -81,7 +81,15 @@ def linear_of_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Nod
     if not _linear_pays(node, x, y, b, out_dim=1):
         return None
     weight = meta.call(graph, aten.permute.default, (y, [1, 0]))
-    return meta.call(graph, torch.ops.mkldnn._linear_pointwise.default, (x, weight, b, "none", [], ""))
+    args = (x, weight, b, "none", [], "")
+    return meta.call(graph, torch.ops.mkldnn._linear_pointwise.default, args, like=_dense(node))
+
+
+def _dense(node: torch.fx.Node) -> Any:
+    """`node`'s fake value when it is row-major, as oneDNN's linear result is; else None
+    (compute it)."""
+    value = node.meta.get("val")
+    return value if isinstance(value, torch.Tensor) and value.is_contiguous() else None
 
 
 def _linear_pays(node: torch.fx.Node, x: Any, weight: Any, b: Any, out_dim: int) -> bool:
@@ -101,7 +109,7 @@ def linear_post_op(graph: torch.fx.Graph, node: torch.fx.Node, lin: torch.fx.Nod
     attr, algorithm = post_op(node, relu=True)  # the table decides whether relu is matched
     if attr is None or lin.args[3] != "none":
         return None
-    return meta.call(graph, lin.target, (*lin.args[:3], attr, [], algorithm))
+    return meta.call(graph, lin.target, (*lin.args[:3], attr, [], algorithm), like=_dense(node))
 
 
 def post_op(node: torch.fx.Node, relu: bool) -> tuple[str | None, str]:
@@ -212,7 +220,9 @@ def _fused_convolution(graph: torch.fx.Graph, conv: torch.fx.Node, chain: list, 
         weight = meta.call(graph, aten.mul.Tensor, (weight, scale_4d))
     attr, algorithm = post_op(activation_node, relu=True) if activation_node is not None else ("none", "")
     args: tuple = (x, weight, shift, padding, stride, dilation, groups, attr, [], algorithm)
-    return meta.call(graph, torch.ops.mkldnn._convolution_pointwise.default, args)
+    last = activation_node if activation_node is not None else chain[-1][1]
+    like = last.meta["val"] if last.meta["val"].is_contiguous(memory_format=torch.channels_last) else None
+    return meta.call(graph, torch.ops.mkldnn._convolution_pointwise.default, args, like=like)
 
 
 def _as_channel_vector(graph: torch.fx.Graph, value: torch.fx.Node, channels: int) -> torch.fx.Node:
