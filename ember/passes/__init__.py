@@ -13,9 +13,9 @@ compile runs the original eagerly); lowering sees the result. The steps, in orde
 A user pass that adds nodes gives them `node.meta["val"]` (a fake tensor, as AOTAutograd's
 nodes have; `ember.passes.meta.call` builds a node with it): lowering reads it. Each ember
 pass counts what it rewrote in `metrics.pass_rewrites[name]`. `config.passes`
-(EMBER_PASSES=0) turns ember's own passes off; the user's hooks always run. The graph cache
-is keyed by the graph after the passes (compile_graph.py), so a changed hook never serves a
-stale graph.
+(EMBER_PASSES=0) turns ember's own passes off; the user's hooks always run. With hooks the
+graph cache is keyed by the graph after the passes, so a changed hook never serves a stale
+graph (compile_graph.py, Note: the graph cache key and the passes).
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def linear_of_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Nod
     if not _linear_pays(node, x, y, b, out_dim=1):
         return None
     weight = meta.call(graph, aten.permute.default, (y, [1, 0]))
-    args = (x, weight, b, "none", [], "")
+    args: tuple = (x, weight, b, "none", [], "")
     return meta.call(graph, torch.ops.mkldnn._linear_pointwise.default, args, like=_dense(node))
 
 
