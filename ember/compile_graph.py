@@ -1,5 +1,6 @@
 """compile_graph: one aten FX graph -> a callable, through every stage in order.
 
+passes    FX graph passes on the aten graph (DCE, no-ops, oneDNN rewrites, user hooks)
 lower     aten FX graph -> LoweredGraph (computed buffers with UOp bodies, externs)
 schedule  -> kernels and extern calls in order
 codegen   each kernel -> UOp AST -> rewrite phases -> linearized program
@@ -32,6 +33,7 @@ from ember.errors import EmberError
 from ember.lower import lower_graph
 from ember.lower.split_reductions import SplitPolicy, split_reductions
 from ember.metrics import metrics
+from ember.passes import run_passes
 from ember.renderer.cpp import RenderedKernel, render
 from ember.runtime import graph_cache
 from ember.runtime.cache import content_hash
@@ -56,18 +58,31 @@ def stage(name: str, timings: dict[str, float]) -> Iterator[None]:
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config) -> Callable:
     cache_dir = Path(config.cache_dir)
+    received = gm.print_readable(print_output=False) if config.debug else ""
     timings: dict[str, float] = {}
-    with stage("graph_key", timings):
-        versions = f"{ember_source_hash()} {compiler_identity(config.cxx)} {simd_math_functions()}"
-        key = graph_cache.graph_key(gm, example_inputs, config.cache_key(), versions)
-    debug = DebugDump(config.debug, config.debug_dir, key)
-    debug.write("fx_graph.txt", gm.print_readable(print_output=False))
-    call = None
-    if config.graph_cache and not config.debug:  # a debug run wants every stage's dump: never a whole graph
-        with stage("graph_cache_load", timings):
-            call = _load_cached(gm, key, config)
+    versions = f"{ember_source_hash()} {compiler_identity(config.cxx)} {simd_math_functions()}"
+    # Note: the graph cache key and the passes. ember's own passes are a function of the graph,
+    # the config and ember's source, all in the key: without user hooks the graph is keyed as
+    # received, and a hit skips the passes too. A user's hook may do anything, so with hooks
+    # the passes run first and the key is the graph after them.
+    hooks = bool(config.pre_passes or config.post_passes)
+    # a debug run wants every stage's dump, so it never loads a graph whole
+    use_cache = config.graph_cache and not config.debug
+    key, call = None, None
+    if not hooks:
+        key, call = _key_and_cached(gm, example_inputs, config, versions, use_cache, timings)
     if call is None:
+        with stage("passes", timings):
+            gm, rewrites = run_passes(gm, config)
+        if hooks:
+            key, call = _key_and_cached(gm, example_inputs, config, versions, use_cache, timings)
+    assert key is not None
+    debug = DebugDump(config.debug, config.debug_dir, key)
+    if call is None:
+        debug.write("fx_graph.txt", received)
+        debug.write("fx_graph_after_passes.txt", gm.print_readable(print_output=False))
         call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings)
+        summary.pass_rewrites = dict(rewrites)
         with stage("graph_cache_store", timings):
             graph_cache.store(cache_dir, key, source, objects, summary)
     else:
@@ -78,6 +93,15 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
             f.write(summary.explanation)
     _record(summary, timings)
     return call
+
+
+def _key_and_cached(gm, example_inputs, config: Config, versions: str, use_cache: bool, timings: dict) -> tuple:
+    with stage("graph_key", timings):
+        key = graph_cache.graph_key(gm, example_inputs, config.cache_key(), versions)
+    if not use_cache:
+        return key, None
+    with stage("graph_cache_load", timings):
+        return key, _load_cached(gm, key, config)
 
 
 def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump, timings: dict) -> tuple:
@@ -163,6 +187,7 @@ def _record(summary, timings: dict[str, float]) -> None:
     metrics.extern_calls += summary.extern_calls
     metrics.fallback_calls += len(summary.fallback_ops)
     metrics.fallback_ops.update(summary.fallback_ops)
+    metrics.pass_rewrites.update(summary.pass_rewrites)
 
 
 @functools.cache

@@ -40,6 +40,16 @@ class Config:
     split_reductions: int = _flag(32768, "EMBER_SPLIT_REDUCTIONS", True,
                                   "Triton: reductions at least this long with few outputs are split over many "
                                   "programs (Note: split reductions); 0 never splits")  # fmt: skip
+    # FX graph passes (ember/passes); with user hooks the graph cache is keyed by the graph after them
+    passes: bool = _flag(True, "EMBER_PASSES", True, "run ember's FX graph passes (DCE, no-ops, conv rewrites)")
+    conv_channels_last: bool = _flag(True, "EMBER_CONV_CHANNELS_LAST", True,
+                                     "2-d convolutions read channels-last activations (oneDNN's layout)")  # fmt: skip
+    mkldnn_fusion: bool = _flag(True, "EMBER_MKLDNN_FUSION", True,
+                                "linear/conv + bias + activation as one oneDNN call (passes/mkldnn.py)")  # fmt: skip
+    mkldnn_relu: bool = _flag(False, "EMBER_MKLDNN_RELU", True,
+                              "relu as a oneDNN post-op too: faster, but relu(NaN) gives 0, not NaN")  # fmt: skip
+    pre_passes: tuple = _flag((), "", False, "callables f(graph: torch.fx.Graph) run before ember's passes")
+    post_passes: tuple = _flag((), "", False, "callables f(graph: torch.fx.Graph) run after ember's passes")
 
     def cache_key(self) -> str:
         return repr([(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata["in_cache_key"]])
@@ -55,7 +65,7 @@ def load(**options) -> Config:
     """The config for one compile: defaults, then environment, then `options`."""
     values = {}
     for f in dataclasses.fields(Config):
-        env = os.environ.get(f.metadata["env"])
+        env = os.environ.get(f.metadata["env"]) if f.metadata["env"] else None
         if env is not None:
             values[f.name] = _parse(env, f.default)
     unknown = set(options) - {f.name for f in dataclasses.fields(Config)}
@@ -63,4 +73,16 @@ def load(**options) -> Config:
         known = ", ".join(f.name for f in dataclasses.fields(Config))
         raise TypeError(f"unknown ember option(s) {sorted(unknown)}; known options: {known}")
     values.update(options)
+    for hooks in ("pre_passes", "post_passes"):
+        if hooks in values:
+            values[hooks] = _pass_hooks(hooks, values[hooks])
     return Config(**values)
+
+
+def _pass_hooks(name: str, hooks) -> tuple:
+    """One callable or a sequence of them, each taking the aten torch.fx.Graph."""
+    hooks = (hooks,) if callable(hooks) else tuple(hooks or ())
+    for hook in hooks:
+        if not callable(hook):
+            raise TypeError(f"ember option {name} takes callables f(graph: torch.fx.Graph); got {hook!r}")
+    return hooks

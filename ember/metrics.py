@@ -29,6 +29,7 @@ class Metrics:
     # codegen (render is its share), runtime (waiting for gcc), wrapper, graph_cache_store), and
     # aot_autograd: the frontend's tracing outside ember's stages
     compile_seconds: Counter = field(default_factory=Counter)
+    pass_rewrites: Counter = field(default_factory=Counter)  # FX pass name -> nodes it rewrote (ember/passes)
 
     def reset(self) -> None:
         fresh = Metrics()

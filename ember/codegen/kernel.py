@@ -52,7 +52,8 @@ def choose_inplace(sink: UOp, members: dict[str, Buffer], dying: dict[str, Buffe
     003's decide_inplace_update) when every read of the input is at the very index the
     output is stored at, and the output's own value makes that read: then each element is
     read before it is overwritten, by the same iteration, and the load is one hash-consed
-    UOp emitted before the store. Kernels with reductions (and scans) are left alone: their
+    UOp emitted before the store. No other store of the kernel may read the input (it could run
+    after the overwrite: relu(y) and y * 2 in one kernel). Kernels with reductions (and scans) are left alone: their
     loop nests may recompute a load after a store. The input's buffer is renamed to the output's, so
     the kernel sees one `__restrict__` pointer, never two aliasing ones."""
     if not dying or any(u.op in (Ops.REDUCE, Ops.SCAN) for u in sink.toposort):
@@ -62,12 +63,18 @@ def choose_inplace(sink: UOp, members: dict[str, Buffer], dying: dict[str, Buffe
         if u.op is Ops.INDEX and u.src[0].op is Ops.BUFFER and u.src[0].arg.name in dying:
             reads.setdefault(u.src[0].arg.name, set()).add(_affine_form(u.src[1]))
     chosen: dict[str, str] = {}
-    for store in (s for s in sink.src if s.op is Ops.STORE):
+    stores = [s for s in sink.src if s.op is Ops.STORE]
+    read_by = [{u.src[0].arg.name for u in s.src[1].toposort if u.op is Ops.INDEX and u.src[0].op is Ops.BUFFER}
+               for s in stores]  # fmt: skip
+    for i, store in enumerate(stores):
         target, value = store.src
         out = members[target.src[0].arg.name]
-        read_by_value = {u.src[0].arg.name for u in value.toposort if u.op is Ops.INDEX and u.src[0].op is Ops.BUFFER}
+        # another store's value reading the input would read it after this store overwrote it
+        read_elsewhere = set().union(*(r for j, r in enumerate(read_by) if j != i))
         for name, indexes in reads.items():
-            if name in chosen.values() or name not in read_by_value or not _can_overwrite(dying[name], out):
+            if name in chosen.values() or name not in read_by[i] or name in read_elsewhere:
+                continue
+            if not _can_overwrite(dying[name], out):
                 continue
             if indexes == {_affine_form(target.src[1])}:
                 chosen[out.name] = name

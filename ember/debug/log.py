@@ -1,6 +1,7 @@
 """EMBER_DEBUG=1: each compiled graph's stages, dumped into a folder a user can read.
 
 <debug_dir>/graph_<hash>/fx_graph.txt     the aten graph ember received
+                         fx_graph_after_passes.txt  the same after ember/passes (what lowering sees)
                          ir.txt           buffers, their UOp bodies, extern calls
                          kernels/*.cpp    each kernel's source
                          wrapper.py       the generated wrapper

@@ -36,6 +36,7 @@ MAX_INLINE_OPCOUNT = 400
 EXTERN_KERNELS = {
     torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm,
     torch.ops.aten.convolution, torch.ops.aten.convolution_backward,
+    torch.ops.mkldnn._convolution_pointwise, torch.ops.mkldnn._linear_pointwise,  # ember/passes/mkldnn.py
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward,
     # CUDA attention kernels (flash, memory-efficient, cuDNN) and their backwards

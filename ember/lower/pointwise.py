@@ -16,9 +16,10 @@ import torch.fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Promotion
 from torch._prims_common import elementwise_dtypes
 
+from ember.ir import Layout
 from ember.lower.context import LoweringContext
 from ember.lower.registry import Unsupported, register
-from ember.lower.values import TensorValue, broadcast_to
+from ember.lower.values import TensorValue, broadcast_to, load
 from ember.uop.dtypes import DType, dtypes, from_torch, is_low_precision
 from ember.uop.ops import Ops, UOp
 
@@ -320,7 +321,14 @@ def lower_to_copy(ctx: LoweringContext, node: torch.fx.Node, x, **kwargs) -> Ten
 
 @register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)
 def lower_identity(ctx: LoweringContext, node: torch.fx.Node, x, **kwargs) -> TensorValue:
-    return x
+    memory_format = kwargs.get("memory_format")
+    if memory_format in (None, torch.preserve_format) or not isinstance(x, TensorValue):
+        return x
+    # a layout request (e.g. channels-last before a convolution, ember/passes/layout.py): a
+    # buffer in the result's strides, into which the producer's pointwise body is inlined
+    meta = out_meta(node)
+    ref = ctx.realize(x, node.name, Layout(tuple(meta.shape), tuple(meta.stride())))
+    return load(ctx.buffers[ref.name], ref.layout)
 
 
 @register(aten.copy.default)

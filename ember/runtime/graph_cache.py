@@ -29,6 +29,7 @@ class GraphSummary:
     extern_calls: int = 0
     fallback_ops: list[str] = field(default_factory=list)
     explanation: str = ""
+    pass_rewrites: dict[str, int] = field(default_factory=dict)  # FX pass -> nodes rewritten (ember/passes)
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], config_key: str, versions: str) -> str:

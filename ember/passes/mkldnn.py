@@ -1,0 +1,234 @@
+"""oneDNN (mkldnn) rewrites: linear and convolution layers with their epilogues in one call.
+
+torch's CPU builds expose oneDNN's fused primitives as `torch.ops.mkldnn._linear_pointwise`
+and `_convolution_pointwise`: a matmul or convolution, a bias and an activation in one pass
+over the output. They take plain (not prepacked) weights, so these rewrites are right when
+the weights are graph inputs that change between calls. Measured (benchmarks, README):
+
+  - linear: `addmm(b, x, w.t())` / `mm(x, w.t())` -> `_linear_pointwise(x, w, b)` (and
+    `addmm(b, x, y)` with `y.t()`, a view, as the weight), with a
+    following sigmoid/tanh/silu/tanh-gelu folded in. oneDNN's matmul on these machines
+    runs about twice as fast as the BLAS behind aten's addmm.
+  - convolution: a chain of per-channel affine ops after a 2-d convolution (eval-mode
+    BatchNorm as AOTAutograd decomposes it: sub mean, mul invstd, mul weight, add bias) is
+    folded into the weights and bias at run time (w * scale, shift: tiny kernels over the
+    weights, not the activations), and a following sigmoid/tanh/silu becomes the
+    convolution's post-op. The BatchNorm pass over the activations disappears.
+
+relu is a post-op only under config.mkldnn_relu (EMBER_MKLDNN_RELU=1): oneDNN's relu maps NaN
+to 0 where aten keeps NaN. Without it, relu stays an ember kernel, fused with whatever reads
+the convolution's output (the next convolution's NHWC copy, a pooling reduction).
+
+Only CPU float32 calls are rewritten, and only when mkldnn is available (`applicable`);
+convolutions only when their input is NHWC (after layout.py): torch's fake kernel for
+`_convolution_pointwise` always answers an NHWC result, which the real one gives only then.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+
+from ember.passes import meta
+from ember.passes.matcher import FxPat, FxPatternMatcher
+
+aten = torch.ops.aten
+
+# aten activation -> oneDNN post-op (attr, algorithm), for those whose NaN and inf results
+# are eager's (checked in tests/test_passes.py); gelu is matched by its `approximate`
+POST_OPS = {
+    aten.sigmoid.default: ("sigmoid", ""),
+    aten.tanh.default: ("tanh", ""),
+    aten.silu.default: ("swish", ""),
+}
+# oneDNN's relu maps NaN to 0 (aten's keeps NaN), and its exact gelu maps inf to inf (aten's
+# gives NaN): relu only under config.mkldnn_relu, exact gelu never.
+RELU_POST_OP = {aten.relu.default: ("relu", "")}
+
+# oneDNN's linear costs ~10 us more per call than aten's addmm (one thread): it wins from about
+# a million multiply-adds (2048x64x10: 37 vs 83 us; 128x64x64: 19 vs 14 us; 16x8x4: 14 vs 3 us)
+LINEAR_MIN_MACS = 1 << 20
+
+
+def applicable() -> bool:
+    return bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled)
+
+
+def _cpu_float32(*nodes: Any) -> bool:
+    for node in nodes:
+        value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or value.device.type != "cpu":
+            return False
+    return True
+
+
+# -- linear ---------------------------------------------------------------------------------
+
+
+def linear(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, w: torch.fx.Node,
+           b: Any = None) -> torch.fx.Node | None:  # fmt: skip
+    """x @ w.t() + b as one oneDNN linear; w is the (out, in) weight, b a 1-d bias or None."""
+    if not _linear_pays(node, x, w, b, out_dim=0):
+        return None
+    return meta.call(graph, torch.ops.mkldnn._linear_pointwise.default, (x, w, b, "none", [], ""), like=_dense(node))
+
+
+def linear_of_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, y: torch.fx.Node,
+                     b: Any = None) -> torch.fx.Node | None:  # fmt: skip
+    """x @ y + b with y an (in, out) matrix (GPT-2's Conv1D): oneDNN reads y.t() as a view."""
+    if not _linear_pays(node, x, y, b, out_dim=1):
+        return None
+    weight = meta.call(graph, aten.permute.default, (y, [1, 0]))
+    args: tuple = (x, weight, b, "none", [], "")
+    return meta.call(graph, torch.ops.mkldnn._linear_pointwise.default, args, like=_dense(node))
+
+
+def _dense(node: torch.fx.Node) -> Any:
+    """`node`'s fake value when it is row-major, as oneDNN's linear result is; else None
+    (compute it)."""
+    value = node.meta.get("val")
+    return value if isinstance(value, torch.Tensor) and value.is_contiguous() else None
+
+
+def _linear_pays(node: torch.fx.Node, x: Any, weight: Any, b: Any, out_dim: int) -> bool:
+    """A CPU float32 matmul big enough for oneDNN, with plain alpha/beta and a 1-d bias;
+    `weight`'s dim `out_dim` is the output features."""
+    if node.kwargs or not _cpu_float32(x, weight, node) or weight.meta["val"].dim() != 2:
+        return False
+    out_features = weight.meta["val"].shape[out_dim]
+    if b is not None and (not _cpu_float32(b) or b.meta["val"].shape != (out_features,)):
+        return False
+    in_features = weight.meta["val"].shape[1 - out_dim]
+    return node.meta["val"].numel() * in_features >= max(LINEAR_MIN_MACS, 1)
+
+
+def linear_post_op(graph: torch.fx.Graph, node: torch.fx.Node, lin: torch.fx.Node) -> torch.fx.Node | None:
+    """act(linear(x)) -> one oneDNN linear with `act` as its post-op."""
+    attr, algorithm = post_op(node, relu=True)  # the table decides whether relu is matched
+    if attr is None or lin.args[3] != "none":
+        return None
+    return meta.call(graph, lin.target, (*lin.args[:3], attr, [], algorithm), like=_dense(node))
+
+
+def post_op(node: torch.fx.Node, relu: bool) -> tuple[str | None, str]:
+    """The oneDNN post-op computing `node`'s activation exactly as aten does, if any."""
+    if node.target is aten.gelu.default:
+        approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+        return ("gelu", "tanh") if approximate == "tanh" else (None, "")
+    table = {**POST_OPS, **RELU_POST_OP} if relu else POST_OPS
+    return table.get(node.target, (None, ""))  # type: ignore[call-overload]
+
+
+x, w, y, b = FxPat.var("x"), FxPat.var("w"), FxPat.var("y"), FxPat.var("b")
+weight_t = FxPat((aten.permute.default,), w, [1, 0])
+linear_result = FxPat(torch.ops.mkldnn._linear_pointwise.default, name="lin", one_user=True)
+pm_mkldnn_linear = FxPatternMatcher([
+    (FxPat(aten.addmm.default, b, x, weight_t), linear),   # addmm(b, x, w.t()) -> linear(x, w, b)
+    (FxPat(aten.mm.default, x, weight_t), linear),         # mm(x, w.t()) -> linear(x, w)
+    (FxPat(aten.addmm.default, b, x, y), linear_of_matrix),  # addmm(b, x, y) -> linear(x, y.t(), b)
+    (FxPat(aten.mm.default, x, y), linear_of_matrix),        # mm(x, y) -> linear(x, y.t())
+    (FxPat((*POST_OPS, aten.gelu.default), linear_result),
+     linear_post_op),                                      # act(linear(x, w, b)) -> linear(x, w, b, act)
+])  # fmt: skip
+pm_mkldnn_linear_relu = FxPatternMatcher([
+    (FxPat(aten.relu.default, linear_result), linear_post_op),  # relu(linear(x, w, b)) -> linear(..., relu)
+])  # fmt: skip
+
+
+# -- convolution ----------------------------------------------------------------------------
+
+AFFINE_KINDS = {aten.add.Tensor: "add", aten.sub.Tensor: "sub", aten.mul.Tensor: "mul"}
+
+
+def fold_convolution_epilogues(graph: torch.fx.Graph, relu: bool) -> int:
+    """Each 2-d convolution followed by per-channel affine ops and/or an activation becomes
+    one `_convolution_pointwise`; returns how many. `relu`: relu may be a post-op."""
+    folded = 0
+    for conv in [n for n in graph.nodes if _plain_conv2d(n)]:
+        chain, activation_node = _epilogue(conv, relu)
+        if not chain and activation_node is None:
+            continue
+        last = activation_node or chain[-1][1]
+        with graph.inserting_before(last):
+            fused = _fused_convolution(graph, conv, chain, activation_node)
+        last.replace_all_uses_with(fused)
+        for node in [last, *reversed([n for _, n in chain if n is not last]), conv]:
+            graph.erase_node(node)  # each was the only user of the next one
+        folded += 1
+    return folded
+
+
+def _plain_conv2d(node: torch.fx.Node) -> bool:
+    if node.op != "call_function" or node.target is not aten.convolution.default:
+        return False
+    out, x = node.meta.get("val"), node.args[0].meta.get("val")  # type: ignore[union-attr]
+    if not isinstance(x, torch.Tensor) or not x.is_contiguous(memory_format=torch.channels_last):
+        return False  # torch's fake kernel of _convolution_pointwise says NHWC output whatever the input
+    transposed, output_padding = node.args[6], node.args[7]
+    return (_cpu_float32(node.args[0], node.args[1], node) and out.dim() == 4 and out.numel() > 0  # type: ignore[union-attr]
+            and not transposed and not any(output_padding))  # type: ignore[arg-type]  # fmt: skip
+
+
+def _epilogue(conv: torch.fx.Node, relu: bool) -> tuple[list[tuple[str, Any]], torch.fx.Node | None]:
+    """The per-channel ops after `conv` ((kind, node) with kind add/sub/mul) and an activation,
+    each the only user of the one before."""
+    chain: list[tuple[str, Any]] = []
+    node = conv
+    channels = conv.meta["val"].shape[1]
+    while len(node.users) == 1:
+        user = next(iter(user for user in node.users))
+        kind = AFFINE_KINDS.get(user.target)  # type: ignore[call-overload]
+        if kind is not None and not user.kwargs and user.args[0] is node and _per_channel(user.args[1], channels):
+            if user.meta["val"].dtype != torch.float32:
+                break
+            chain.append((kind, user))
+            node = user
+            continue
+        if post_op(user, relu)[0] is not None and user.args[0] is node:
+            return chain, user
+        break
+    return chain, None
+
+
+def _per_channel(value: Any, channels: int) -> bool:
+    """A float32 tensor that broadcasts over (N, C, H, W) along C only."""
+    t = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.dim() > 4 or t.device.type != "cpu":
+        return False
+    shape = (1,) * (4 - t.dim()) + tuple(t.shape)
+    return shape[0] == 1 and shape[2:] == (1, 1) and shape[1] in (1, channels)
+
+
+def _fused_convolution(graph: torch.fx.Graph, conv: torch.fx.Node, chain: list, activation_node: Any) -> torch.fx.Node:
+    """conv(x, w*scale, shift) with the activation as a post-op; scale and shift per channel."""
+    x, weight, bias, stride, padding, dilation, _, _, groups = conv.args
+    channels = conv.meta["val"].shape[1]
+    scale, shift = None, bias
+    for kind, node in chain:
+        operand = _as_channel_vector(graph, node.args[1], channels)
+        if kind == "mul":
+            scale = operand if scale is None else meta.call(graph, aten.mul.Tensor, (scale, operand))
+            shift = None if shift is None else meta.call(graph, aten.mul.Tensor, (shift, operand))
+        else:
+            if kind == "sub":
+                operand = meta.call(graph, aten.neg.default, (operand,))
+            shift = operand if shift is None else meta.call(graph, aten.add.Tensor, (shift, operand))
+    if scale is not None:
+        scale_4d = meta.call(graph, aten.view.default, (scale, [channels, 1, 1, 1]))
+        weight = meta.call(graph, aten.mul.Tensor, (weight, scale_4d))
+    attr, algorithm = post_op(activation_node, relu=True) if activation_node is not None else ("none", "")
+    args: tuple = (x, weight, shift, padding, stride, dilation, groups, attr, [], algorithm)
+    last = activation_node if activation_node is not None else chain[-1][1]
+    like = last.meta["val"] if last.meta["val"].is_contiguous(memory_format=torch.channels_last) else None
+    return meta.call(graph, torch.ops.mkldnn._convolution_pointwise.default, args, like=like)
+
+
+def _as_channel_vector(graph: torch.fx.Graph, value: torch.fx.Node, channels: int) -> torch.fx.Node:
+    """A per-channel operand as a (C,) tensor node."""
+    t = value.meta["val"]
+    flat = meta.call(graph, aten.reshape.default, (value, [t.numel()]))
+    if t.numel() == channels:
+        return flat
+    return meta.call(graph, aten.expand.default, (flat, [channels]))
