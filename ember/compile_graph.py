@@ -24,6 +24,7 @@ import ember
 from ember.codegen.kernel import KernelAST, build_kernel_ast
 from ember.codegen.linearize import linearize
 from ember.codegen.phases import full_rewrite
+from ember.compile_search import compile_candidates, plan_search
 from ember.compile_triton import codegen_triton_kernel, compile_triton_kernels, graph_backend, graph_device
 from ember.config import Config
 from ember.debug.log import DebugDump, describe_fusion, describe_ir
@@ -34,6 +35,7 @@ from ember.renderer.cpp import RenderedKernel, render
 from ember.runtime import graph_cache
 from ember.runtime.cache import content_hash
 from ember.runtime.cpu import CompiledKernel, compile_cpp, compiler_identity, simd_math_functions
+from ember.runtime.search import machine_identity
 from ember.schedule import KernelStep, graph_last_uses, schedule
 from ember.wrapper.python import KernelBinary, WrapperSource, generate_wrapper, load_wrapper
 
@@ -55,6 +57,7 @@ def stage(name: str, timings: dict[str, float]) -> Iterator[None]:
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config) -> Callable:
     cache_dir = Path(config.cache_dir)
     versions = f"{ember_source_hash()} {compiler_identity(config.cxx)} {simd_math_functions()}"
+    versions += f" {machine_identity()}" if config.kernel_search else ""  # a wrapper may hold a recorded winner
     key = graph_cache.graph_key(gm, example_inputs, config.cache_key(), versions)
     debug = DebugDump(config.debug, config.debug_dir, key)
     debug.write("fx_graph.txt", gm.print_readable(print_output=False))
@@ -97,6 +100,8 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
             binaries = compile_triton_kernels(rendered, config, interpret=device.type == "cpu")
         else:
             binaries = compile_kernels(rendered, config)
+            if config.kernel_search:
+                binaries = compile_candidates(binaries, rendered, config, debug)
     with stage("wrapper", timings):
         host_inputs = frozenset(b.name for b, x in zip(graph.inputs, example_inputs)
                                 if isinstance(x, torch.Tensor) and x.device != device)  # fmt: skip
@@ -168,7 +173,11 @@ def codegen_kernel(step: KernelStep, config: Config, dying: dict | None = None) 
         sink = full_rewrite(ast.sink)
         program = linearize(sink)
         name = f"kernel_{sink.key[:16]}"
-        return render(name, program, ast.outputs, config.parallel_threshold, simd_math_functions()), ast
+        kernel = render(name, program, ast.outputs, config.parallel_threshold, simd_math_functions())
+        if config.kernel_search:
+            kernel.search = plan_search(program, kernel, lambda c: render(
+                name, program, ast.outputs, config.parallel_threshold, simd_math_functions(), c).source)  # fmt: skip
+        return kernel, ast
     except Exception as e:
         origins = ", ".join(o for c in step.group for o in c.origins)
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e

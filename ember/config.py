@@ -36,6 +36,9 @@ class Config:
                          "auto: C++ for CPU graphs, Triton for CUDA; triton: Triton for CPU graphs too "
                          "(under Triton's interpreter)")  # fmt: skip
     autotune: bool = _flag(True, "EMBER_AUTOTUNE", True, "time a few launch configurations per Triton kernel")
+    kernel_search: bool = _flag(False, "EMBER_KERNEL_SEARCH", True,
+                                "time a few renderings of each C++ kernel (threads, collapse, vector width, "
+                                "unrolling) at its first call and keep the fastest (cached on disk)")  # fmt: skip
 
     def cache_key(self) -> str:
         return repr([(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata["in_cache_key"]])

@@ -25,11 +25,15 @@ class Metrics:
     graph_cache_hits: int = 0  # graphs loaded whole from the cache (no lowering, no gcc)
     code_cache_hits: int = 0
     code_cache_misses: int = 0
+    kernel_searches: int = 0  # config.kernel_search: kernels whose choices were timed (runtime/search.py)
+    search_candidates_timed: int = 0  # renderings timed by those searches
+    search_winners_loaded: int = 0  # kernels that took a winner recorded on disk, with no search
 
     def reset(self) -> None:
         fresh = Metrics()
         self.__dict__.update(fresh.__dict__)
 
 
-# The process-wide counters; owned by this module and only ever added to by compile_graph.
+# The process-wide counters; owned by this module and only ever added to by compile_graph (and
+# by the kernel search, runtime/search.py, which runs at a compiled graph's first call).
 metrics = Metrics()
