@@ -135,6 +135,14 @@ def test_three_loop_kernel_tries_collapse(cache_dir):
     assert any(c["collapse"] for c in tried), tried
 
 
+def test_threads_of_a_reduction_loop_are_never_varied(cache_dir):
+    """A full reduction's loop splits over threads with an OpenMP reduction: a different split
+    (one thread, collapse) would add in another order, so no candidate changes it."""
+    run(lambda x: x.sum(), torch.randn(3, 64, 256), kernel_search=True)
+    tried = [c["choices"] for r in records(cache_dir) for c in r["candidates"]]
+    assert tried and all(c["parallel"] == "auto" and not c["collapse"] for c in tried), tried
+
+
 @pytest.mark.parametrize("graph_cache", [True, False])
 def test_winner_is_recorded_and_loaded(cache_dir, graph_cache):
     fn, make = CASES["row reductions"]

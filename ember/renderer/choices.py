@@ -35,7 +35,7 @@ from ember.uop.ops import Ops, ScatterArg, UOp
 @dataclass(frozen=True)
 class KernelChoices:
     parallel: str = "auto"  # "auto": nests of parallel_threshold iterations or more; "never"; "more": 1/16 of that
-    collapse: bool = False  # `parallel for collapse(2)` where the two outer loops nest perfectly
+    collapse: bool = False  # `parallel for collapse(2)` where the two outer loops nest perfectly and carry nothing
     vector_bits: int = 0  # 0: the compiler's width for the host; else gcc's prefer-vector-width
     unroll: bool = False  # gcc unrolls the kernel's loops (-funroll-loops)
 
@@ -118,13 +118,30 @@ def nest_perfectly(program: list[UOp]) -> list[UOp]:
 
 
 def _movable_prefix_end(program: list[UOp], start: int) -> int | None:
-    """The position of the inner loop when the loop at `start` can nest perfectly, else None."""
+    """The position of the inner loop when the loop at `start` can nest perfectly and will
+    collapse (it carries nothing), else None."""
+    if _carries(program, start):
+        return None
     inner = start + 1
     while inner < len(program) and program[inner].op not in _PINNED:
         inner += 1
     if inner == start + 1 or inner >= len(program) or program[inner].op is not Ops.RANGE:
         return None
     return inner if collapses(program[:start] + [program[start], *program[inner:]], start) else None
+
+
+def _carries(program: list[UOp], start: int) -> bool:
+    """Whether the loop opened at program[start] updates an accumulator declared outside it."""
+    declared, depth = set(), 0
+    for u in program[start + 1 :]:
+        if u.op is Ops.DEFINE_ACC:
+            declared.add(u)
+        elif u.op in (Ops.ACC_UPDATE, Ops.ACC_RUNNING) and u.src[0] not in declared:
+            return True
+        depth += (u.op is Ops.RANGE) - (u.op is Ops.ENDRANGE)
+        if depth < 0:
+            return False
+    return False
 
 
 def search_space(program: list[UOp], narrower_vectors: bool) -> list[KernelChoices]:

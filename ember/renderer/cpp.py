@@ -382,7 +382,7 @@ def loop_pragma(program: list[UOp], start: int, outermost: bool, parallel_thresh
         return None
     words = (["parallel for"] if parallel else []) + (["simd"] if simd else [])
     clauses = [f"reduction({_clause_op(acc)}:{_acc_section(acc)})" for acc in updated]
-    if parallel and choices.collapse and collapses(program, start):
+    if parallel and choices.collapse and not updated and collapses(program, start):  # (a split reduction would reorder)
         clauses.insert(0, "collapse(2)")
     return "#pragma omp " + " ".join(words + clauses)
 
