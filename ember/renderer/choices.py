@@ -4,7 +4,8 @@ Note: kernel choices
     Some of the C++ renderer's decisions are guesses: whether a loop nest is worth several
     threads (`parallel_threshold` is one number for every kernel and machine), whether
     `parallel for` splits the two outer loops together (`collapse(2)`: an outer loop of 3
-    iterations on 2 threads leaves one idle half the time), the vector width (gcc picks
+    iterations on 2 threads leaves one idle half the time), the OpenMP schedule (static
+    halves wait for a thread the OS preempted; dynamic chunks do not), the vector width (gcc picks
     512 bits on AVX-512 hosts; 256 may run as fast and clock higher) and whether gcc unrolls
     loops. `KernelChoices` names one set of these decisions; the default is the renderer's
     own rule, so a default rendering is byte for byte the one without choices. The kernel
@@ -13,8 +14,9 @@ Note: kernel choices
     fastest (Note: kernel search).
 
     Every alternative computes each element exactly as the default does:
-      - threading changes only on loops that carry nothing between iterations (no reduction
-        clause, no scan): an OpenMP reduction's combining order depends on the split;
+      - threading (threads, collapse, schedule) changes only on loops that carry nothing
+        between iterations (no reduction clause, no scan): an OpenMP reduction's combining
+        order depends on the split;
       - the vector width changes only in kernels that call no vector math function (libmvec's
         256- and 512-bit versions of one function may round differently);
       - gcc's unroller does not reassociate (no -ffast-math), so unrolled reductions add in
@@ -36,6 +38,7 @@ from ember.uop.ops import Ops, ScatterArg, UOp
 class KernelChoices:
     parallel: str = "auto"  # "auto": nests of parallel_threshold iterations or more; "never"; "more": 1/16 of that
     collapse: bool = False  # `parallel for collapse(2)` where the two outer loops nest perfectly and carry nothing
+    dynamic_chunks: int = 0  # 0: OpenMP's static schedule; N: schedule(dynamic) in about N chunks per nest
     vector_bits: int = 0  # 0: the compiler's width for the host; else gcc's prefer-vector-width
     unroll: bool = False  # gcc unrolls the kernel's loops (-funroll-loops)
 
@@ -67,6 +70,22 @@ def runs_parallel(choices: KernelChoices, splittable: bool, work: int, threshold
     if choices.parallel == "more":
         return work >= threshold // MORE_PARALLEL
     return False  # "never"
+
+
+def parallel_clauses(choices: KernelChoices, program: list[UOp], start: int, carries: bool) -> list[str]:
+    """The clauses of a `parallel for` on the loop at program[start] beyond the reduction
+    clauses: none on a loop that carries an accumulator (another split or schedule would
+    combine the threads' partial results in another order)."""
+    if carries:
+        return []
+    clauses, iterations = [], program[start].src[0].arg
+    if choices.collapse and collapses(program, start):
+        clauses.append("collapse(2)")
+        iterations *= program[start + 1].src[0].arg
+    if choices.dynamic_chunks:
+        # a thread the OS preempts (a busy machine) holds up one chunk, not its static half
+        clauses.append(f"schedule(dynamic, {max(1, -(-iterations // choices.dynamic_chunks))})")
+    return clauses
 
 
 def collapses(program: list[UOp], start: int) -> bool:
@@ -156,7 +175,7 @@ def search_space(program: list[UOp], narrower_vectors: bool) -> list[KernelChoic
         KernelChoices(parallel="never"),
         KernelChoices(parallel="more"),
         KernelChoices(collapse=True),
-        KernelChoices(parallel="more", collapse=True),
+        KernelChoices(dynamic_chunks=16),
         KernelChoices(unroll=True),
     ]
     if narrower_vectors:

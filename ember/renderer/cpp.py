@@ -23,9 +23,9 @@ from typing import Any
 from ember.renderer.choices import (
     DEFAULT_CHOICES,
     KernelChoices,
-    collapses,
     file_pragmas,
     nest_perfectly,
+    parallel_clauses,
     runs_parallel,
 )
 from ember.uop.dtypes import DType, bits_of, dtypes
@@ -382,8 +382,8 @@ def loop_pragma(program: list[UOp], start: int, outermost: bool, parallel_thresh
         return None
     words = (["parallel for"] if parallel else []) + (["simd"] if simd else [])
     clauses = [f"reduction({_clause_op(acc)}:{_acc_section(acc)})" for acc in updated]
-    if parallel and choices.collapse and not updated and collapses(program, start):  # (a split reduction would reorder)
-        clauses.insert(0, "collapse(2)")
+    if parallel:
+        clauses = parallel_clauses(choices, program, start, carries=bool(updated)) + clauses
     return "#pragma omp " + " ".join(words + clauses)
 
 
