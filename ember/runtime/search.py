@@ -37,6 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ember.metrics import metrics
 from ember.runtime.cache import content_hash, entry_path, read_record, write_record
 from ember.runtime.cpu import load_kernel
@@ -158,8 +160,6 @@ class Scratch:
     candidates run on the real inputs without touching the real outputs."""
 
     def __init__(self, pointers: tuple[int, ...], extents: list[int], errors: bool) -> None:
-        import torch
-
         self.real = pointers
         self.copies = {i: torch.empty(n, dtype=torch.uint8) for i, n in enumerate(extents) if n > 0}
         self.flag = ctypes.c_int32(0)
