@@ -26,6 +26,7 @@ import ember
 from ember.codegen.kernel import KernelAST, build_kernel_ast
 from ember.codegen.linearize import linearize
 from ember.codegen.phases import full_rewrite
+from ember.compile_search import compile_candidates, plan_search
 from ember.compile_triton import codegen_triton_kernel, compile_triton_kernels, graph_backend, graph_device
 from ember.config import Config
 from ember.debug.log import DebugDump, describe_fusion, describe_ir
@@ -38,6 +39,7 @@ from ember.renderer.cpp import RenderedKernel, render
 from ember.runtime import graph_cache
 from ember.runtime.cache import content_hash
 from ember.runtime.cpu import CompiledKernel, compile_cpp, compiler_identity, simd_math_functions
+from ember.runtime.search import machine_identity
 from ember.schedule import KernelStep, graph_last_uses, schedule
 from ember.wrapper.python import KernelBinary, WrapperSource, generate_wrapper, load_wrapper
 
@@ -66,6 +68,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
     # received, and a hit skips the passes too. A user's hook may do anything, so with hooks
     # the passes run first and the key is the graph after them.
     hooks = bool(config.pre_passes or config.post_passes)
+    versions += f" {machine_identity()}" if config.kernel_search else ""  # a wrapper may hold a recorded winner
     # a debug run wants every stage's dump, so it never loads a graph whole
     use_cache = config.graph_cache and not config.debug
     key, call = None, None
@@ -138,6 +141,8 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
                 binaries = builder.binaries(rendered)
     for kernel, _ in rendered.values():
         debug.write(f"kernels/{kernel.name}.{'py' if backend == 'triton' else 'cpp'}", kernel.source)
+    if backend != "triton" and config.kernel_search:
+        binaries = compile_candidates(binaries, rendered, config, debug)
     with stage("wrapper", timings):
         host_inputs = frozenset(b.name for b, x in zip(graph.inputs, example_inputs)
                                 if isinstance(x, torch.Tensor) and x.device != device)  # fmt: skip
@@ -217,6 +222,9 @@ def codegen_kernel(
         kernel = render(name, program, ast.outputs, config.parallel_threshold, simd_math_functions())
         if timings is not None:
             timings["render"] = timings.get("render", 0.0) + time.perf_counter() - start
+        if config.kernel_search:
+            kernel.search = plan_search(program, kernel, lambda c: render(
+                name, program, ast.outputs, config.parallel_threshold, simd_math_functions(), c).source)  # fmt: skip
         return kernel, ast
     except Exception as e:
         origins = ", ".join(o for c in step.group for o in c.origins)

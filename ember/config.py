@@ -50,6 +50,9 @@ class Config:
                               "relu as a oneDNN post-op too: faster, but relu(NaN) gives 0, not NaN")  # fmt: skip
     pre_passes: tuple = _flag((), "", False, "callables f(graph: torch.fx.Graph) run before ember's passes")
     post_passes: tuple = _flag((), "", False, "callables f(graph: torch.fx.Graph) run after ember's passes")
+    kernel_search: bool = _flag(False, "EMBER_KERNEL_SEARCH", True,
+                                "time a few renderings of each C++ kernel (threads, collapse, vector width, "
+                                "unrolling) at its first call and keep the fastest (cached on disk)")  # fmt: skip
 
     def cache_key(self) -> str:
         return repr([(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata["in_cache_key"]])

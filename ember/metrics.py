@@ -30,11 +30,15 @@ class Metrics:
     # aot_autograd: the frontend's tracing outside ember's stages
     compile_seconds: Counter = field(default_factory=Counter)
     pass_rewrites: Counter = field(default_factory=Counter)  # FX pass name -> nodes it rewrote (ember/passes)
+    kernel_searches: int = 0  # config.kernel_search: kernels whose choices were timed (runtime/search.py)
+    search_candidates_timed: int = 0  # renderings timed by those searches
+    search_winners_loaded: int = 0  # kernels that took a winner recorded on disk, with no search
 
     def reset(self) -> None:
         fresh = Metrics()
         self.__dict__.update(fresh.__dict__)
 
 
-# The process-wide counters; owned by this module and only ever added to by compile_graph.
+# The process-wide counters; owned by this module and only ever added to by compile_graph (and
+# by the kernel search, runtime/search.py, which runs at a compiled graph's first call).
 metrics = Metrics()

@@ -18,7 +18,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from ember.renderer.choices import (
+    DEFAULT_CHOICES,
+    KernelChoices,
+    file_pragmas,
+    nest_perfectly,
+    parallel_clauses,
+    runs_parallel,
+)
 from ember.uop.dtypes import DType, bits_of, dtypes
 from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp
 
@@ -286,11 +295,15 @@ class RenderedKernel:
     source: str
     params: list[tuple[str, DType, bool]]  # (name, dtype, written)
     errors: list[CheckArg] = field(default_factory=list)  # error code i+1 is errors[i]
+    search: Any = None  # config.kernel_search: a SearchPlan (compile_search.py), the other renderings to time
 
 
 def render(name: str, program: list[UOp], written: frozenset[str], parallel_threshold: int,
-           simd_math: tuple[tuple[str, int], ...] = ()) -> RenderedKernel:  # fmt: skip
-    """`simd_math`: (name, arity) of the libm functions the host can call on vectors."""
+           simd_math: tuple[tuple[str, int], ...] = (),
+           choices: KernelChoices = DEFAULT_CHOICES) -> RenderedKernel:  # fmt: skip
+    """`simd_math`: (name, arity) of the libm functions the host can call on vectors;
+    `choices`: the decisions the kernel search may vary (Note: kernel choices, choices.py)."""
+    program = nest_perfectly(program) if choices.collapse else program
     buffers = sorted({u.arg.name: u for p in program for u in p.src if u.op is Ops.BUFFER}.values(),
                      key=lambda b: int(b.arg.name[1:]))  # fmt: skip
     params = [(b.arg.name, b.dtype, b.arg.name in written) for b in buffers]
@@ -298,13 +311,14 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
     errors = list(dict.fromkeys(u.arg for u in program if u.op is Ops.CHECK))
     if errors:  # Note: kernel errors
         signature += ", int32_t* ember_error"
-    body = _render_body(program, parallel_threshold, errors)
+    body = _render_body(program, parallel_threshold, errors, choices)
     declarations = simd_declarations(simd_math) + reduction_declarations(program)
     if any(u.op is Ops.PHILOX for u in program):
         declarations += PHILOX
     if any(u.dtype in LOW_PRECISION_NAMES for u in program):
         declarations = LOW_PRECISION_PRELUDE + declarations
     source = f'{special_prelude(program)}{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n{body}}}\n'
+    source = file_pragmas(choices) + source
     return RenderedKernel(name, source, params, errors)
 
 
@@ -336,7 +350,8 @@ def _reduction_name(combine: str, ctype: str) -> str:
     return f"ember_{combine.lower()}_{ctype.replace('_t', '')}"
 
 
-def loop_pragma(program: list[UOp], start: int, outermost: bool, parallel_threshold: int) -> str | None:
+def loop_pragma(program: list[UOp], start: int, outermost: bool, parallel_threshold: int,
+                choices: KernelChoices = DEFAULT_CHOICES) -> str | None:  # fmt: skip
     """OpenMP for the loop opened at program[start]: `parallel for` on a large outermost
     loop, `simd` on an innermost one, with a reduction clause for each accumulator updated
     inside and declared outside (but none on the lane loop of a lane accumulator, whose
@@ -359,13 +374,16 @@ def loop_pragma(program: list[UOp], start: int, outermost: bool, parallel_thresh
             return None  # a scan loop: each step reads the last one's accumulator (Note: scans)
         elif u.op is Ops.STORE and isinstance(u.arg, ScatterArg):
             scatters = True  # iterations may hit one element: threads (atomic stores), never SIMD lanes
-    size = loop.src[0].arg
-    parallel = outermost and size > 1 and _work(program, loop) >= parallel_threshold
+    splittable = outermost and loop.src[0].arg > 1
+    work = _work(program, loop) if splittable else 0
+    parallel = runs_parallel(choices, splittable, work, parallel_threshold, carries=bool(updated))
     simd = innermost and not scatters
     if not parallel and not simd:
         return None
     words = (["parallel for"] if parallel else []) + (["simd"] if simd else [])
     clauses = [f"reduction({_clause_op(acc)}:{_acc_section(acc)})" for acc in updated]
+    if parallel:
+        clauses = parallel_clauses(choices, program, start, carries=bool(updated)) + clauses
     return "#pragma omp " + " ".join(words + clauses)
 
 
@@ -381,7 +399,8 @@ def _clause_op(acc: UOp) -> str:
     return _reduction_name(combine.name, acc.dtype.ctype)
 
 
-def _render_body(program: list[UOp], parallel_threshold: int, errors: list[CheckArg]) -> str:
+def _render_body(program: list[UOp], parallel_threshold: int, errors: list[CheckArg],
+                 choices: KernelChoices = DEFAULT_CHOICES) -> str:  # fmt: skip
     names: dict[UOp, str] = {}
     lines: list[str] = []
     depth = 1
@@ -398,7 +417,7 @@ def _render_body(program: list[UOp], parallel_threshold: int, errors: list[Check
         pad = "  " * depth
         if u.op is Ops.RANGE:
             size = u.src[0].arg
-            if (pragma := loop_pragma(program, i, depth == 1, parallel_threshold)) is not None:
+            if (pragma := loop_pragma(program, i, depth == 1, parallel_threshold, choices)) is not None:
                 lines.append(f"{pad}{pragma}")
             lines.append(f"{pad}for (int64_t r{u.arg.axis} = 0; r{u.arg.axis} < {size}; r{u.arg.axis}++) {{")
             depth += 1

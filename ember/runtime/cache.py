@@ -11,9 +11,11 @@ Note: cache safety
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def content_hash(*parts: str) -> str:
@@ -40,6 +42,19 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_record(path: Path) -> Any:
+    """A JSON record (a tuning winner: runtime/triton.py, runtime/search.py), or None when it
+    is missing or unreadable: the caller measures again and writes a new one."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_record(path: Path, value: Any) -> None:
+    write_atomic(path, json.dumps(value))
 
 
 def temp_path_beside(path: Path, suffix: str) -> Path:

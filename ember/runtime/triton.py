@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import sys
 import threading
 from dataclasses import asdict, dataclass
@@ -24,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ember.runtime.cache import content_hash, entry_path, write_atomic
+from ember.runtime.cache import content_hash, entry_path, read_record, write_atomic, write_record
 
 LIBDEVICE_IMPORT = "from triton.language.extra import libdevice"
 INTERPRETED_IMPORT = "from ember.runtime.triton_libdevice import interpreted_libdevice as libdevice"
@@ -195,13 +194,11 @@ class TritonLauncher:
 
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
         record = self.tuning_path(torch.cuda.get_device_name(device))
-        if record.exists():
-            with contextlib.suppress(Exception):
-                found = LaunchConfig(**json.loads(record.read_text()))
-                if found in options:
-                    return found
+        with contextlib.suppress(TypeError):  # a record of other fields: measure again
+            if (found := read_record(record)) is not None and LaunchConfig(**found) in options:
+                return LaunchConfig(**found)
         best = self.benchmark(options, args)
-        write_atomic(record, json.dumps(asdict(best)))
+        write_record(record, asdict(best))
         return best
 
     def benchmark(self, options: list[LaunchConfig], args: tuple) -> LaunchConfig:

@@ -29,7 +29,7 @@ HEADER = """\
 import torch
 from ember.wrapper.runtime import (
     GpuErrorFlags, KernelErrorFlag, as_strided, assert_layout, empty_strided, ensure_layout, load_kernel,
-    constant_on, load_triton_kernel, random_seed, random_seed_value, tree_leaves,
+    constant_on, load_triton_kernel, random_seed, random_seed_value, search_cpu_kernel, tree_leaves,
 )
 
 aten = torch.ops.aten
@@ -45,6 +45,7 @@ class KernelBinary:
     errors: tuple = ()  # (exception name, message) per error code, when the kernel can fail
     inplace: dict[str, str] = field(default_factory=dict)  # output -> the dying input it overwrites
     triton: dict | None = None  # a Triton kernel: the launcher's arguments (runtime/triton.py)
+    search: dict | None = None  # a C++ kernel's candidates, searched at the first call (runtime/search.py)
 
 
 @dataclass
@@ -116,7 +117,11 @@ def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: 
         if k.triton is not None:
             head.append(f"{k.var} = load_triton_kernel({k.path!r}, {k.symbol!r}, **{k.triton!r})")
             continue
-        head.append(f"{k.var} = load_kernel({k.path!r}, {k.symbol!r}, {len(k.params) + bool(k.errors)})")
+        arity = len(k.params) + bool(k.errors)
+        if k.search is not None:  # a search at the first call (runtime/search.py) binds the winner
+            head.append(f"{k.var} = search_cpu_kernel(globals(), {k.var!r}, {arity}, {k.search!r})")
+        else:
+            head.append(f"{k.var} = load_kernel({k.path!r}, {k.symbol!r}, {arity})")
         if k.errors:
             head.append(f"{k.var}_errors = {list(k.errors)!r}")
     head.append("")
