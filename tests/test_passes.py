@@ -17,6 +17,13 @@ from ember.passes.matcher import FxPat, FxPatternMatcher
 from ember.passes.noops import remove_noops
 from tests.helpers import check, data, transposed
 
+
+@pytest.fixture(autouse=True)
+def _cpu_graphs(monkeypatch):
+    """The passes rewrite CPU graphs (oneDNN, channels-last); CUDA graphs go through unchanged."""
+    monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")
+
+
 aten = torch.ops.aten
 needs_mkldnn = pytest.mark.skipif(not mkldnn.applicable(), reason="torch built without oneDNN")
 

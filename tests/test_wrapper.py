@@ -149,7 +149,8 @@ def test_kernel_writes_over_a_dying_extern_result_read_through_a_reshape():
     assert [line for line in wrapper.lines if isinstance(line, L.Reuse) and line.old.name in extern]
 
 
-def test_transposed_bmm_operand_is_copied_column_major():
+def test_transposed_bmm_operand_is_copied_column_major(monkeypatch):
+    monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")  # the C++ wrapper's layout choice
     # k.transpose(-2, -1) must be copied for bmm (its heads dim does not merge with the batch
     # dim); the copy is stored with its last two dims column-major, so it reads k contiguously
     # (Note: transposed matmul operands)
