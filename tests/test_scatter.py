@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from tests.helpers import check_lowered, compile_fn, data, indices, to_test_device, transposed
+from tests.helpers import check_lowered, compile_fn, data, indices, test_device, to_test_device, transposed
 
 f32, f64, i32, i64, b8 = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
 
@@ -246,7 +246,12 @@ INDEX_PUT: dict[str, Callable] = {
 
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
 @pytest.mark.parametrize("dtype", [f32, i64], ids=dtype_id)
-def test_index_put_and_friends(dtype, layout):
+def test_index_put_and_friends(dtype, layout, request):
+    if layout == "transposed" and test_device() == "cuda" and torch.__version__ < "2.12":
+        # AOTAutograd itself (torch 2.11, before any ember stage) fails assert_functional_graph on
+        # this graph with CUDA inputs: a copy_ into an empty_permuted. Outside strict mode ember's
+        # frontend runs such a graph eagerly with a warning (test_end_to_end).
+        request.applymarker(pytest.mark.xfail(reason="torch 2.11 AOTAutograd on CUDA", strict=False))
     make = transposed if layout == "transposed" else data
     g = indices([[0, 4], [1, 1], [3, 2], [-1, 0]])
     check_lowered(INDEX_PUT, make((4, 5), dtype), indices([3, 0, -2]), g, make((3, 5), dtype, 1))
