@@ -322,10 +322,16 @@ def lower_to_copy(ctx: LoweringContext, node: torch.fx.Node, x, **kwargs) -> Ten
 @register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)
 def lower_identity(ctx: LoweringContext, node: torch.fx.Node, x, **kwargs) -> TensorValue:
     memory_format = kwargs.get("memory_format")
+    returned = any(user.op == "output" for user in node.users)
     if memory_format in (None, torch.preserve_format) or not isinstance(x, TensorValue):
         return x
-    # a layout request (e.g. channels-last before a convolution, ember/passes/layout.py): a
-    # buffer in the result's strides, into which the producer's pointwise body is inlined
+    if memory_format is torch.contiguous_format and not returned:
+        # AOTAutograd writes one before every reshape of a permutation: left to the consumer,
+        # so a matmul operand may be stored column-major (Note: transposed matmul operands)
+        return x
+    # a layout request (channels-last before a convolution, a result copied back to eager's
+    # layout, ember/passes/layout.py): a buffer in the result's strides, into which the
+    # producer's pointwise body is inlined
     meta = out_meta(node)
     ref = ctx.realize(x, node.name, Layout(tuple(meta.shape), tuple(meta.stride())))
     return load(ctx.buffers[ref.name], ref.layout)
