@@ -477,6 +477,8 @@ def test_scatter_and_scans_of_16_bit_floats_call_aten(dtype):
     index = torch.tensor([[0, 1, 2, 0, 1], [3, 2, 1, 0, 0], [1, 1, 1, 1, 1], [2, 3, 0, 1, 2]])
     f = lambda x, i, s: (x.scatter_add(0, i, s), x.cumsum(1), x.cummax(0).values, x.index_add(0, i[0, :4], s[:4]))
     inputs = tuple(map(to_test_device, (x, index, src)))
+    # aten's accumulation order may differ: on CUDA scatter_add's atomics add in any order
+    tolerance = {} if test_device() == "cpu" else {"atol": 2e-3, "rtol": 1e-2}
     for got, want in zip(compile_fn(f)(*inputs), f(*inputs)):  # the same aten kernels on the same device
-        torch.testing.assert_close(got.cpu(), want.cpu())  # (aten's accumulation order may differ by an ulp)
+        torch.testing.assert_close(got.cpu(), want.cpu(), **tolerance)
     assert ember.metrics.fallback_calls >= 4
