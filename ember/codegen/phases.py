@@ -12,13 +12,12 @@ global view, like loop order).
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 
 from ember.codegen.lanes import MAX_LANES, innermost_loop, lane_copy, lane_range
 from ember.codegen.low_precision import pm_low_precision
-from ember.uop.dtypes import DType, dtypes
-from ember.uop.ops import AccArg, CheckArg, Ops, RangeArg, ScatterArg, UOp, normalize_const, substitute
+from ember.uop.dtypes import dtypes
+from ember.uop.ops import AccArg, CheckArg, Ops, RangeArg, ScatterArg, UOp, normalize_const, reduce_identity, substitute
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from ember.uop.symbolic import linear_terms, pm_symbolic
 
@@ -118,20 +117,6 @@ def _coefficients(index: UOp) -> dict[UOp, int]:
 
 
 # ---- lower: reductions to accumulators ----------------------------------------------
-
-
-def reduce_identity(combine: Ops, dtype: DType) -> int | float | bool:
-    if combine is Ops.ADD:
-        return 0
-    if combine is Ops.MUL:
-        return 1
-    if combine is Ops.MAX:
-        return dtype.min
-    if combine is Ops.MIN:
-        return dtype.max
-    if combine is Ops.LOGADDEXP:
-        return -math.inf
-    raise ValueError(f"no identity for reduction {combine}")
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from ember.ir import Buffer, ComputedBuffer, Layout, LoweredGraph
 from ember.lower.context import LoweringContext
 from ember.lower.values import axis
 from ember.uop.dtypes import DType, dtypes
-from ember.uop.ops import Ops, UOp, substitute
+from ember.uop.ops import Ops, UOp, reduce_identity, substitute
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def _chunk_reduce(red: UOp, chunks: Chunks, ctx: LoweringContext, then=None) -> 
     if then is not None:
         value = then(value)
     if inside is not None:
-        value = inside.where(value, UOp.const(value.dtype, identity(red.arg, value.dtype)))
+        value = inside.where(value, UOp.const(value.dtype, reduce_identity(red.arg, value.dtype)))
     return UOp(Ops.REDUCE, value.dtype, (value, step), red.arg)
 
 
@@ -250,16 +250,3 @@ def _chunk_length(chunks: Chunks, chunk: UOp, dtype: DType) -> UOp:
 
 def _square(x: UOp) -> UOp:
     return x * x
-
-
-def identity(combine: Ops, dtype: DType) -> int | float | bool:
-    """The value that leaves a combine unchanged (codegen/phases.py has the same table)."""
-    if combine is Ops.ADD:
-        return 0
-    if combine is Ops.MUL:
-        return 1
-    if combine is Ops.MAX:
-        return dtype.min
-    if combine is Ops.MIN:
-        return dtype.max
-    raise ValueError(f"split reductions: no identity for {combine}")

@@ -51,7 +51,7 @@ from ember.codegen.phases import check_integer_division, order_loops, pm_checks,
 from ember.renderer.triton_math import HELPERS, render_math, uses_helpers
 from ember.renderer.triton_scatter import ScatterStore, scatter_store_lines
 from ember.uop.dtypes import DType, bits_of, dtypes
-from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp
+from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp, reduce_identity
 from ember.uop.pattern import graph_rewrite
 from ember.uop.symbolic import pm_symbolic
 
@@ -219,12 +219,6 @@ TYPED_OPERANDS = frozenset({Ops.MAX, Ops.MIN, Ops.POW, Ops.ATAN2, Ops.FMOD, Ops.
                             Ops.NEXTAFTER, Ops.HYPOT, Ops.FMAX, Ops.FMIN})  # fmt: skip
 
 REDUCE_CALLS = {Ops.ADD: "tl.sum", Ops.MAX: "ember_max", Ops.MIN: "ember_min", Ops.MUL: "ember_prod"}
-
-
-def reduce_identity(combine: Ops, dtype: DType):
-    from ember.codegen.phases import reduce_identity as identity
-
-    return identity(combine, dtype)
 
 
 def combine_expr(combine: Ops, dtype: DType, a: str, b: str) -> str:

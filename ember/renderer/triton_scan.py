@@ -24,10 +24,9 @@ Note: scans on blocks
 
 from __future__ import annotations
 
-from ember.codegen.phases import reduce_identity
 from ember.renderer.triton import KernelShape, Phase, _numel, _Renderer, render_const, tl_type
 from ember.uop.dtypes import DType, dtypes
-from ember.uop.ops import Ops, UOp
+from ember.uop.ops import Ops, UOp, reduce_identity
 
 PERSISTENT_SCAN_LIMIT = 4096  # the longest row a persistent scan keeps in one block (registers)
 

@@ -437,3 +437,18 @@ def pretty(u: UOp, depth: int = 6) -> str:
     inner = ", ".join(pretty(s, depth - 1) for s in u.src)
     arg = "" if u.arg is None else f", {u.arg!r}"
     return f"{u.op.name}({inner}{arg})"
+
+
+def reduce_identity(combine: Ops, dtype: DType) -> int | float | bool:
+    """The value that leaves `combine` unchanged: a reduction's start, a tail lane's padding."""
+    if combine is Ops.ADD:
+        return 0
+    if combine is Ops.MUL:
+        return 1
+    if combine is Ops.MAX:
+        return dtype.min
+    if combine is Ops.MIN:
+        return dtype.max
+    if combine is Ops.LOGADDEXP:
+        return -math.inf
+    raise ValueError(f"no identity for reduction {combine}")
