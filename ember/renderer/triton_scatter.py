@@ -84,6 +84,18 @@ def _safe_pointer(s: ScatterStore) -> str:
     return f"tl.broadcast_to({s.buffer} + tl.where({s.mask}, {s.offset}, 0), {s.shape})"
 
 
+def _loop_head(s: ScatterStore, current: str) -> list[str]:
+    """What both compare-and-swap loops start with: the value, the lanes still to store, the
+    memory's `current` contents at `ptr`, and a loop while any lane is left."""
+    p, pad = s.prefix, s.indent
+    return [
+        f"{pad}{p}value = {s.value}",
+        f"{pad}{p}todo = tl.broadcast_to({s.mask}, {s.shape})",
+        f"{pad}{p}{current} = tl.load({p}ptr, mask={p}todo, other=0)",
+        f"{pad}while tl.sum({p}todo.to(tl.int32)) > 0:",
+    ]
+
+
 def _cas_loop(s: ScatterStore) -> list[str]:
     """A compare-and-swap loop on a 32- or 64-bit element's bits."""
     p, pad, bits = s.prefix, s.indent, FULL_WIDTH_BITS[s.dtype.itemsize]
@@ -91,10 +103,7 @@ def _cas_loop(s: ScatterStore) -> list[str]:
     new = combine_text(s.arg.combine, s.dtype, f"{p}old", f"{p}value")
     return [
         f"{pad}{p}ptr = {_safe_pointer(s)}",
-        f"{pad}{p}value = {s.value}",
-        f"{pad}{p}todo = tl.broadcast_to({s.mask}, {s.shape})",
-        f"{pad}{p}old = tl.load({p}ptr, mask={p}todo, other=0)",
-        f"{pad}while tl.sum({p}todo.to(tl.int32)) > 0:",
+        *_loop_head(s, "old"),
         f"{pad}    {p}want = tl.where({p}todo, {new}, {p}old)",
         f"{pad}    {p}expected = {p}old.to({bits}, bitcast=True)",
         f"{pad}    {p}seen = tl.atomic_cas({p}ptr.to(tl.pointer_type({bits})), {p}expected, "
@@ -115,10 +124,7 @@ def _cas_loop_in_word(s: ScatterStore) -> list[str]:
         f"{pad}{p}address = {_safe_pointer(s)}.to(tl.int64)",
         f"{pad}{p}ptr = ({p}address & -4).to(tl.pointer_type(tl.int32))",
         f"{pad}{p}shift = (({p}address & 3) * 8).to(tl.int32)",
-        f"{pad}{p}value = {s.value}",
-        f"{pad}{p}todo = tl.broadcast_to({s.mask}, {s.shape})",
-        f"{pad}{p}word = tl.load({p}ptr, mask={p}todo, other=0)",
-        f"{pad}while tl.sum({p}todo.to(tl.int32)) > 0:",
+        *_loop_head(s, "word"),
         f"{pad}    {p}old = {_from_bits(f'(({p}word >> {p}shift) & {field})', s.dtype, s.tl_dtype)}",
         f"{pad}    {p}bits = {_to_bits(new, s.dtype)}",
         f"{pad}    {p}want = ({p}word & ~({field} << {p}shift)) | ({p}bits << {p}shift)",

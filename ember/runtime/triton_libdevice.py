@@ -54,8 +54,5 @@ interpreted_libdevice = SimpleNamespace(
     asinh=_elementwise(np.arcsinh), atanh=_elementwise(np.arctanh), copysign=_elementwise(np.copysign),
     nextafter=_elementwise(np.nextafter), hypot=_elementwise(np.hypot), erfc=_elementwise(_torch(torch.erfc)),
     lgamma=_elementwise(_torch(torch.lgamma)), erfinv=_elementwise(_torch(torch.erfinv)),
-    erfcx=_elementwise(_torch(torch.special.erfcx)), cyl_bessel_i0=_elementwise(_torch(torch.special.i0)),
-    cyl_bessel_i1=_elementwise(_torch(torch.special.i1)), normcdfinv=_elementwise(_torch(torch.special.ndtri)),
-    j0=_elementwise(_torch(torch.special.bessel_j0)), j1=_elementwise(_torch(torch.special.bessel_j1)),
-    y0=_elementwise(_torch(torch.special.bessel_y0)), y1=_elementwise(_torch(torch.special.bessel_y1)),
+    erfcx=_elementwise(_torch(torch.special.erfcx)), normcdfinv=_elementwise(_torch(torch.special.ndtri)),
 )  # fmt: skip
