@@ -26,6 +26,9 @@ class Config:
     cxx: str = _flag("g++", "EMBER_CXX", True, "the C++ compiler for CPU kernels")
     parallel_threshold: int = _flag(32768, "EMBER_PARALLEL_THRESHOLD", True,
                                     "loop nests with fewer iterations run on one thread")  # fmt: skip
+    huge_pages: bool = _flag(True, "EMBER_HUGE_PAGES", True,
+                             "back large CPU buffers the wrapper allocates with transparent huge pages "
+                             "(fewer page faults; Note: huge pages for fresh buffers)")  # fmt: skip
     fusion: bool = _flag(True, "EMBER_FUSION", True, "let the scheduler fuse computed buffers into kernels")
     graph_cache: bool = _flag(True, "EMBER_GRAPH_CACHE", False, "load graphs compiled before from the cache")
     explain_file: str = _flag("", "EMBER_EXPLAIN_FILE", False, "append each graph's explanation to this file")

@@ -165,3 +165,37 @@ def test_transposed_bmm_operand_is_copied_column_major(monkeypatch):
     torch.testing.assert_close(out, attention_scores(x))
     allocated = [line.buffer.layout for line in wrapper.lines if isinstance(line, L.Allocate)]
     assert any(layout.size == (8, 8, 16) and layout.stride == (128, 1, 8) for layout in allocated)
+
+
+def _two_chains(x):
+    # a large intermediate (reused between calls by nobody: it dies in the call) and a large output
+    y = torch.sin(x) * 2
+    return (y.sum(0) + y.mean(0), torch.cos(x) + 1)
+
+
+@pytest.mark.parametrize("huge_pages", ["1", "0"])
+def test_large_cpu_buffers_are_allocated_in_huge_pages(monkeypatch, huge_pages):
+    # Note: huge pages for fresh buffers (runtime/memory.py): buffers of 4 MiB and more
+    monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")
+    monkeypatch.setenv("EMBER_HUGE_PAGES", huge_pages)
+    x = torch.randn(2048, 1024)  # 8 MiB of float32
+    out, wrapper = compile_and_capture(_two_chains, x)
+    expected = _two_chains(x.double())
+    for got, want in zip(out, expected):
+        torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-4)
+    big = [line for line in wrapper.lines if isinstance(line, L.Allocate) and nbytes(line.buffer) >= 4 << 20]
+    small = [line for line in wrapper.lines if isinstance(line, L.Allocate) and nbytes(line.buffer) < 4 << 20]
+    assert big and small
+    assert all(line.huge_pages == (huge_pages == "1") for line in big)
+    assert not any(line.huge_pages for line in small)
+
+
+def test_empty_huge_gives_a_usable_tensor_and_advises_only_whole_huge_pages():
+    from ember.runtime import memory
+
+    t = memory.empty_huge((3, 1 << 20), (1 << 20, 1), torch.float32)
+    assert t.shape == (3, 1 << 20) and t.stride() == (1 << 20, 1) and t.dtype == torch.float32
+    t.fill_(2.5)
+    assert torch.equal(t, torch.full((3, 1 << 20), 2.5))
+    assert memory.advise_huge_pages(torch.empty(1000)) is False  # smaller than one huge page
+    assert memory.advise_huge_pages(torch.empty(1 << 22)) is memory.huge_pages_available()

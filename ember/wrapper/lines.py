@@ -41,10 +41,13 @@ class MoveToDevice:
 @dataclass
 class Allocate:
     buffer: Buffer
+    huge_pages: bool = False  # a large CPU buffer (Note: huge pages for fresh buffers, runtime/memory.py)
 
     def render(self) -> str:
         b = self.buffer
         size = b.layout.size
+        if self.huge_pages:
+            return f"{b.name} = empty_huge({size}, {b.layout.stride}, dtype={to_torch(b.dtype)})"
         return f"{b.name} = empty_strided({size}, {b.layout.stride}, dtype={to_torch(b.dtype)}, device=_device)"
 
 
