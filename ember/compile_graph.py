@@ -86,8 +86,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
         debug.write("fx_graph_after_passes.txt", gm.print_readable(print_output=False))
         call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings)
         summary.pass_rewrites = dict(rewrites)
-        with stage("graph_cache_store", timings):
-            graph_cache.store(cache_dir, key, source, objects, summary)
+        if config.graph_cache:  # off means neither loaded nor written
+            with stage("graph_cache_store", timings):
+                graph_cache.store(cache_dir, key, source, objects, summary)
     else:
         summary = call.summary
     debug.write("timings.txt", "".join(f"{k:18s} {v:.4f}s\n" for k, v in timings.items()))

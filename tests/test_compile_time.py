@@ -104,3 +104,14 @@ def test_identical_kernels_compile_once(tmp_path, monkeypatch):
 def test_compile_workers(requested):
     usable = len(os.sched_getaffinity(0))
     assert compile_graph.compile_workers(requested) == (requested or usable)
+
+
+def test_graph_cache_off_neither_loads_nor_writes_graphs(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    first, second = compile_twice(two_kernel_program, x, y, graph_cache=False)
+    assert first["hits"] == second["hits"] == 0
+    assert "graph_cache_store" not in first and "lower" in second
+    assert not list(tmp_path.rglob("*graphs*"))
+    on, again = compile_twice(two_kernel_program, x, y)  # nothing was left behind to hit
+    assert on["hits"] == 0 and again["hits"] == 1
