@@ -15,6 +15,8 @@ import torch
 from torch._C import DispatchKey
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from ember.lower import transformer_fastpath
+
 aten = torch.ops.aten
 
 LOWERED_DIRECTLY = [aten.gelu, aten.hardtanh]
@@ -64,6 +66,8 @@ def decomposition_table(fallback_random: bool = False) -> dict:
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)
     table.update(CORRECTED)
+    # the fused transformer fast-path ops, as ops ember fuses (Note: the transformer fast path)
+    table.update(transformer_fastpath.DECOMPOSITIONS)
     return table
 
 
