@@ -46,7 +46,9 @@ def transformer_encoder_layer_fwd(
     if not _supported(src, tensors, embed_dim, num_heads, mask, mask_type):
         return NotImplemented
     x = _layer_norm(src, norm_weight_1, norm_bias_1, eps) if norm_first else src
-    attention, _ = _self_attention(x, x, x, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type)
+    attention, _ = _self_attention(
+        x, x, x, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type, need_weights=False
+    )
     x = attention + src
     if not norm_first:
         x = _layer_norm(x, norm_weight_1, norm_bias_1, eps)
@@ -73,7 +75,7 @@ def native_multi_head_attention(
     ):
         return NotImplemented
     output, weights = _self_attention(
-        query, key, value, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type
+        query, key, value, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type, need_weights
     )
     if not need_weights:
         return output, query.new_empty(0)
@@ -108,24 +110,42 @@ def _mask_shape(x, num_heads: int, mask, mask_type) -> tuple[int, ...] | None:
     return None
 
 
-def _self_attention(query, key, value, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type):
-    """attention.cpp's math: (output (B, L, D), softmax weights (B, H, L, L))."""
+def _self_attention(query, key, value, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type,
+                    need_weights: bool):  # fmt: skip
+    """attention.cpp's math: (output (B, L, D), softmax weights (B, H, L, L) or None). Without a
+    mask and weights it is scaled_dot_product_attention, as attention.cu computes it then too
+    (with no mask no row is fully masked, so SDPA's results are the native kernel's)."""
     batch, length, dim = query.shape
-    head_dim = dim // num_heads
-    q, k, v = _project_qkv(query, key, value, qkv_weight, qkv_bias)
-    heads = (batch, length, num_heads, head_dim)
-    # (q + bias) / sqrt(head_dim), as transform_bias_rescale_qkv scales it before the product
-    q = (q.reshape(heads) * (1.0 / math.sqrt(head_dim))).permute(0, 2, 1, 3).reshape(-1, length, head_dim)
-    k = k.reshape(heads).permute(0, 2, 3, 1).reshape(-1, head_dim, length)
-    v = v.reshape(heads).permute(0, 2, 1, 3).reshape(-1, length, head_dim)
-    scores = torch.bmm(q, k).view(batch, num_heads, length, length)
-    if mask is not None:
-        hidden = (mask if mask.dtype == torch.bool else mask != 0).reshape(_mask_shape(query, num_heads, mask, mask_type))
+    heads = (batch, length, num_heads, dim // num_heads)
+    q, k, v = (t.reshape(heads).transpose(1, 2) for t in _project_qkv(query, key, value, qkv_weight, qkv_bias))
+    if mask is None and not need_weights:
+        context, weights = F.scaled_dot_product_attention(q, k, v), None
+    else:
+        context, weights = _masked_attention(q, k, v, _bool_mask(query, num_heads, mask, mask_type))
+    output = _linear(context.transpose(1, 2).reshape(batch, length, dim), proj_weight, proj_bias)
+    return output, weights
+
+
+def _masked_attention(q, k, v, hidden):
+    """softmax(q k^T / sqrt(head_dim), masked) v on (B, H, L, head_dim) heads: q is scaled
+    before the product, as transform_bias_rescale_qkv does; a fully hidden row is NaN."""
+    batch, num_heads, length, head_dim = q.shape
+    q = (q * (1.0 / math.sqrt(head_dim))).reshape(-1, length, head_dim)
+    scores = torch.bmm(q, k.transpose(2, 3).reshape(-1, head_dim, length)).view(batch, num_heads, length, length)
+    if hidden is not None:
         scores = scores.masked_fill(hidden, -math.inf)
     weights = torch.softmax(scores, dim=-1)
-    context = torch.bmm(weights.view(-1, length, length), v).view(batch, num_heads, length, head_dim)
-    output = _linear(context.permute(0, 2, 1, 3).reshape(batch, length, dim), proj_weight, proj_bias)
-    return output, weights
+    context = torch.bmm(weights.view(-1, length, length), v.reshape(-1, length, head_dim))
+    return context.view(batch, num_heads, length, head_dim), weights
+
+
+def _bool_mask(x, num_heads: int, mask, mask_type):
+    """`mask` as the bool (B, H, L, L)-broadcastable tensor the native kernels read: any
+    nonzero value hides its position."""
+    if mask is None:
+        return None
+    hidden = mask if mask.dtype == torch.bool else mask != 0
+    return hidden.reshape(_mask_shape(x, num_heads, mask, mask_type))
 
 
 def _project_qkv(query, key, value, qkv_weight, qkv_bias):
