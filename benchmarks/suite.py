@@ -175,9 +175,10 @@ def make_encoder_layer(quick: bool, fused: bool = True) -> Workload:
     """Note: the encoder layer's fast path
     In eval mode without grad, nn.TransformerEncoderLayer runs one fused native op
     (aten._transformer_encoder_layer_fwd), in eager and, traced by dynamo, in compiled code
-    too: `encoder_layer` measures what users get, but a compiler has nothing to fuse there.
-    `encoder_layer_unfused` gives the same layer an activation the fast path does not
-    recognize, so eager and the compilers all run it op by op."""
+    too: `encoder_layer` measures what users get. Inductor calls that op; ember decomposes it
+    into ops it fuses (lower/transformer_fastpath.py). `encoder_layer_unfused` gives the same
+    layer an activation the fast path does not recognize, so eager and the compilers all run
+    it op by op."""
     torch.manual_seed(0)
     batch, seq, dim, ffn = (2, 16, 32, 64) if quick else (8, 64, 256, 1024)
     layer = nn.TransformerEncoderLayer(
