@@ -324,7 +324,17 @@ def encoder_args(layer, x, mask=None, mask_type=None):
 
 @pytest.mark.parametrize(
     "case",
-    ["empty", "float16", "bfloat16", "wrong-mask-shape", "mask-type-none", "2d-mask-of-type-2", "3d-mask", "nested"],
+    [
+        "empty",
+        "float16",
+        "bfloat16",
+        "wrong-mask-shape",
+        "mask-type-none",
+        "2d-mask-of-type-2",
+        "3d-mask",
+        "nested",
+        "broadcast-qkv-bias",
+    ],
 )
 def test_unsupported_cases_are_declined(case):
     """NotImplemented: the tracer keeps the aten op, which ember calls."""
@@ -345,6 +355,8 @@ def test_unsupported_cases_are_declined(case):
         mask, mask_type = torch.zeros(8, 8, 8, dtype=torch.bool), 2
     elif case == "nested":
         x = torch.nested.nested_tensor([torch.randn(3, 32), torch.randn(5, 32)])
+    elif case == "broadcast-qkv-bias":
+        layer.self_attn.in_proj_bias = torch.nn.Parameter(torch.zeros(1))
     with torch.no_grad():
         args = encoder_args(layer, x, mask, mask_type)
         assert transformer_fastpath.transformer_encoder_layer_fwd(*args) is NotImplemented

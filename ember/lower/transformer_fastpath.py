@@ -43,7 +43,7 @@ def transformer_encoder_layer_fwd(
     feed-forward block, each with its residual add."""
     tensors = (src, qkv_weight, qkv_bias, proj_weight, proj_bias, norm_weight_1, norm_bias_1, norm_weight_2,
                norm_bias_2, ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2)  # fmt: skip
-    if not _supported(src, tensors, embed_dim, num_heads, mask, mask_type):
+    if not _supported(src, tensors, embed_dim, num_heads, qkv_weight, qkv_bias, mask, mask_type):
         return NotImplemented
     x = _layer_norm(src, norm_weight_1, norm_bias_1, eps) if norm_first else src
     attention, _ = _self_attention(
@@ -70,7 +70,7 @@ def native_multi_head_attention(
     """`nn.MultiheadAttention`'s fast path: (output, weights); weights are averaged over the
     heads, per head, or an empty tensor when not needed (what torch's fake kernel answers)."""
     tensors = (query, key, value, qkv_weight, qkv_bias, proj_weight, proj_bias)
-    if not _supported(query, tensors, embed_dim, num_head, mask, mask_type) or not (
+    if not _supported(query, tensors, embed_dim, num_head, qkv_weight, qkv_bias, mask, mask_type) or not (
         query.shape == key.shape == value.shape
     ):
         return NotImplemented
@@ -82,12 +82,14 @@ def native_multi_head_attention(
     return output, (weights.sum(1) / num_head if average_attn_weights else weights)
 
 
-def _supported(x, tensors, embed_dim: int, num_heads: int, mask, mask_type) -> bool:
+def _supported(x, tensors, embed_dim: int, num_heads: int, qkv_weight, qkv_bias, mask, mask_type) -> bool:
     """The cases the decomposition computes exactly as the native kernels do."""
     if any(t.is_nested for t in tensors) or (mask is not None and mask.is_nested):
         return False
     if x.dim() != 3 or x.numel() == 0 or x.shape[2] != embed_dim or embed_dim % num_heads != 0:
         return False
+    if tuple(qkv_weight.shape) != (3 * embed_dim, embed_dim) or tuple(qkv_bias.shape) != (3 * embed_dim,):
+        return False  # eager's checks: a bias that merely broadcasts is an error there
     if x.dtype not in SUPPORTED_DTYPES or x.device.type not in GELU_APPROXIMATION:
         return False
     if any(t.dtype != x.dtype or t.device != x.device for t in tensors):
