@@ -15,7 +15,8 @@ attention.cpp, attention.cu) where their results differ from the module's slow p
   - mask_type says how a 2-d mask broadcasts: 0 is (L, L), 1 is a (B, L) key padding mask;
     masks of other ranks must be (B, H, L, L);
   - the feed-forward activation is `_addmm_activation`: exact (erf) gelu on the CPU, the tanh
-    approximation on CUDA (cublasLt's GELU epilogue, or `gelu_(result, "tanh")` without it).
+    approximation on CUDA (cublasLt's GELU epilogue, or `gelu_(result, "tanh")` without it;
+    torch's own `_addmm_activation` decomposition makes the same split).
 Anything else (nested tensors, empty inputs, other dtypes and devices, mask shapes the native
 kernels reject) returns NotImplemented: the tracer then records the aten op unchanged and ember
 calls it, so an unsupported case is never computed differently from eager.
