@@ -86,7 +86,11 @@ def assert_matches(got, same, precise, rtol=1e-4, atol=2e-5):
             continue
         assert g.shape == s.shape and g.dtype == s.dtype and g.device == s.device
         assert torch.equal(g.isnan(), s.isnan()), "NaN where eager has none, or the reverse"
-        torch.testing.assert_close(g.double(), p.double(), rtol=rtol, atol=atol, equal_nan=True)
+        # values where eager is finite in both precisions (a NaN input may reach other positions
+        # through CUDA's fused attention kernels, which skip NaN in their running max, than through
+        # the float64 math path)
+        finite = ~s.isnan() & ~p.isnan()
+        torch.testing.assert_close(g.double()[finite], p.double()[finite], rtol=rtol, atol=atol)
 
 
 def assert_decomposed():
