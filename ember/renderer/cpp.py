@@ -296,6 +296,7 @@ class RenderedKernel:
     params: list[tuple[str, DType, bool]]  # (name, dtype, written)
     errors: list[CheckArg] = field(default_factory=list)  # error code i+1 is errors[i]
     search: Any = None  # config.kernel_search: a SearchPlan (compile_search.py), the other renderings to time
+    reduce_loops: int = 0  # reduce loops it opens (codegen/shared_loops.py reduce_loop_count)
 
 
 def render(name: str, program: list[UOp], written: frozenset[str], parallel_threshold: int,
