@@ -191,8 +191,25 @@ def variance(ctx, x: TensorValue, dims: list[int], correction: float, keepdim: b
 
     total = reduce(ctx, x, dims, keepdim, Ops.ADD, dtypes.float64, value=squared_deviation)
     var = total.body.alu(Ops.FDIV, UOp.const(dtypes.float64, max(n - correction, 0)))
+    mean_value = welford_mean_of_infinities(ctx, x, dims, mean_value)
     mean_out = mean_value if keepdim else mean_value.reindex(total.shape, _squeeze_axes(mean_value.shape, dims))
     return var, TensorValue(total.shape, dtypes.float64, mean_out.body)
+
+
+def welford_mean_of_infinities(ctx, x: TensorValue, dims: list[int], mean: TensorValue) -> TensorValue:
+    """The mean var_mean reports, as eager's Welford walk gives it: an infinity anywhere but at
+    the last reduced position (in logical order) meets a later element as `x - inf` and makes the
+    mean NaN; a lone infinity at the last position leaves it infinite (the sum's mean otherwise).
+    Counting the infinities is one more accumulator in the mean's loop (Note: shared reduce loops)."""
+    if any(x.shape[d] == 0 for d in dims):
+        return mean  # no element: the mean is 0/0 already
+    infinities = reduce(ctx, x, dims, True, Ops.ADD, dtypes.float64, value=lambda e, _: e.alu(Ops.ISINF).cast(dtypes.float64))
+    last_axes = [const_index(x.shape[d] - 1) if d in dims else axis(d) for d in range(x.ndim)]
+    last_is_infinite = x.reindex(mean.shape, last_axes).body.alu(Ops.ISINF)
+    one = UOp.const(dtypes.float64, 1.0)
+    lone_and_last = infinities.body.alu(Ops.CMPEQ, one).alu(Ops.AND, last_is_infinite)
+    walked_past = infinities.body.alu(Ops.CMPLT, one).alu(Ops.OR, lone_and_last).alu(Ops.NOT)
+    return mean.with_body(walked_past.where(UOp.const(dtypes.float64, math.nan), mean.body))
 
 
 def _squeeze_axes(shape: tuple[int, ...], dims: list[int]) -> list[UOp]:
