@@ -179,7 +179,9 @@ def lower_max_all(ctx, node, x: TensorValue) -> TensorValue:
 
 
 def variance(ctx, x: TensorValue, dims: list[int], correction: float, keepdim: bool) -> tuple[UOp, TensorValue]:
-    """Two passes (mean, then squared deviations): as accurate as eager's Welford."""
+    """Two passes (mean, then squared deviations) in double: as accurate as eager's Welford.
+    The mean's pass shares its loop with other statistics of the rows, the deviations' pass
+    with those that read them (Note: shared reduce loops, codegen/shared_loops.py)."""
     n = count(x, dims)
     mean = reduce(ctx, x, dims, True, Ops.ADD, dtypes.float64)
     mean_body = mean.body.alu(Ops.FDIV, UOp.const(dtypes.float64, n))
@@ -203,7 +205,8 @@ def welford_mean_of_infinities(ctx, x: TensorValue, dims: list[int], mean: Tenso
     Counting the infinities is one more accumulator in the mean's loop (Note: shared reduce loops)."""
     if any(x.shape[d] == 0 for d in dims):
         return mean  # no element: the mean is 0/0 already
-    infinities = reduce(ctx, x, dims, True, Ops.ADD, dtypes.float64, value=lambda e, _: e.alu(Ops.ISINF).cast(dtypes.float64))
+    is_infinite = lambda e, _: e.alu(Ops.ISINF).cast(dtypes.float64)  # noqa: E731
+    infinities = reduce(ctx, x, dims, True, Ops.ADD, dtypes.float64, value=is_infinite)
     last_axes = [const_index(x.shape[d] - 1) if d in dims else axis(d) for d in range(x.ndim)]
     last_is_infinite = x.reindex(mean.shape, last_axes).body.alu(Ops.ISINF)
     one = UOp.const(dtypes.float64, 1.0)
