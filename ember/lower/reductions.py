@@ -202,9 +202,11 @@ def welford_mean_of_infinities(ctx, x: TensorValue, dims: list[int], mean: Tenso
     """The mean var_mean reports, as eager's Welford walk gives it: an infinity anywhere but at
     the last reduced position (in logical order) meets a later element as `x - inf` and makes the
     mean NaN; a lone infinity at the last position leaves it infinite (the sum's mean otherwise).
-    Counting the infinities is one more accumulator in the mean's loop (Note: shared reduce loops)."""
-    if any(x.shape[d] == 0 for d in dims):
-        return mean  # no element: the mean is 0/0 already
+    Counting the infinities is one more accumulator in the mean's loop (Note: shared reduce loops).
+    C++ kernels only: the Triton path (and its split variance, lower/split_reductions.py) keeps
+    the sum's mean."""
+    if ctx.backend == "triton" or any(x.shape[d] == 0 for d in dims):
+        return mean  # (no element: the mean is 0/0 already)
     is_infinite = lambda e, _: e.alu(Ops.ISINF).cast(dtypes.float64)  # noqa: E731
     infinities = reduce(ctx, x, dims, True, Ops.ADD, dtypes.float64, value=is_infinite)
     last_axes = [const_index(x.shape[d] - 1) if d in dims else axis(d) for d in range(x.ndim)]
