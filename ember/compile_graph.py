@@ -26,6 +26,7 @@ import ember
 from ember.codegen.kernel import KernelAST, build_kernel_ast
 from ember.codegen.linearize import linearize
 from ember.codegen.phases import full_rewrite
+from ember.codegen.shared_loops import reduce_loop_count
 from ember.compile_search import compile_candidates, plan_search
 from ember.compile_triton import codegen_triton_kernel, compile_triton_kernels, graph_backend, graph_device
 from ember.config import Config
@@ -157,6 +158,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
     summary = graph_cache.GraphSummary(
         kernels=len(rendered), fusions=scheduled.fusions, refusals=len(scheduled.refusals),
         extern_calls=sum(1 for s in steps if not isinstance(s, KernelStep)),
+        reduce_loops=sum(getattr(kernel, "reduce_loops", 0) for kernel, _ in rendered.values()),
         fallback_ops=list(lowering.fallback_ops), explanation=explanation,
     )  # fmt: skip
     return _finish(call, path, summary), wrapper.source, wrapper.objects, summary
@@ -191,6 +193,7 @@ def _record(summary, timings: dict[str, float]) -> None:
     metrics.fusions += summary.fusions
     metrics.fusion_refusals += summary.refusals
     metrics.extern_calls += summary.extern_calls
+    metrics.reduce_loops += summary.reduce_loops
     metrics.fallback_calls += len(summary.fallback_ops)
     metrics.fallback_ops.update(summary.fallback_ops)
     metrics.pass_rewrites.update(summary.pass_rewrites)
@@ -221,6 +224,7 @@ def codegen_kernel(
         name = f"kernel_{sink.key[:16]}"
         start = time.perf_counter()
         kernel = render(name, program, ast.outputs, config.parallel_threshold, simd_math_functions())
+        kernel.reduce_loops = reduce_loop_count(program)
         if timings is not None:
             timings["render"] = timings.get("render", 0.0) + time.perf_counter() - start
         if config.kernel_search:

@@ -19,6 +19,7 @@ class Metrics:
     kernels_generated: int = 0
     fusions: int = 0  # pairs of groups merged by the scheduler
     fusion_refusals: int = 0
+    reduce_loops: int = 0  # loops C++ kernels walk to reduce (Note: shared reduce loops, codegen/shared_loops.py)
     extern_calls: int = 0  # all aten calls in wrappers (fallbacks included)
     fallback_calls: int = 0  # aten calls for ops ember has no lowering for
     fallback_ops: Counter = field(default_factory=Counter)

@@ -38,9 +38,7 @@ def test_column_sum_mean_and_extremes(shape):
 def test_column_statistics_with_nan_and_inf(shape):
     x = _with_specials(torch.randn(shape))
     check(lambda x: (x.sum(0), x.amax(0), x.amin(0), x.argmax(0), x.argmin(0)), x)
-    # not with inf: eager's var_mean (Welford) gives a NaN mean for a column holding inf
-    x = torch.randn(shape)
-    x.view(-1)[3] = math.nan
+    # var_mean's mean of a column holding inf is NaN unless the inf is its last element (Welford)
     check(lambda x: torch.var_mean(x, 0), x)
     assert ember.metrics.fallback_calls == 0
 

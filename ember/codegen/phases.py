@@ -1,9 +1,11 @@
 """Stage `codegen`, step 2: the kernel AST through named rewrite phases.
 
-    early     simplify index math (symbolic rules); float16/bfloat16 math in float32
+    early     simplify index math (symbolic rules); float16/bfloat16 math in float32;
+              identical reductions collapse (codegen/shared_loops.py)
     optimize  choose loop order from the store's strides
     lower     REDUCE -> accumulator declared outside its loops, updated inside, read after
-              (an array of lane accumulators for column reductions: codegen/lanes.py)
+              (an array of lane accumulators for column reductions: codegen/lanes.py);
+              independent accumulators of one scope share a loop (Note: shared reduce loops)
 
 Each phase is a PatternMatcher (or a small function over the whole AST when it needs a
 global view, like loop order).
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 from ember.codegen.lanes import MAX_LANES, innermost_loop, lane_copy, lane_range
 from ember.codegen.low_precision import pm_low_precision
+from ember.codegen.shared_loops import merge_identical_reductions, share_reduce_loops
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import AccArg, CheckArg, Ops, RangeArg, ScatterArg, UOp, normalize_const, reduce_identity, substitute
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
@@ -26,10 +29,12 @@ def full_rewrite(sink: UOp, max_lanes: int = MAX_LANES) -> UOp:
     """`max_lanes`: the most lane accumulators a reduction may keep (0: scalar accumulators only)."""
     sink = graph_rewrite(sink, pm_low_precision)  # early: Note: low-precision floats
     sink = graph_rewrite(sink, pm_symbolic)  # early
+    sink = merge_identical_reductions(sink)  # early
     sink = graph_rewrite(sink, pm_unique_reduce_ranges, ctx={})  # early
     sink = order_loops(sink)  # optimize
     lowering = ReduceLowering(itertools.count(), innermost_loop(sink), max_lanes)
     sink = graph_rewrite(sink, pm_lower_reduce, ctx=lowering)  # lower
+    sink = share_reduce_loops(sink)  # lower
     sink = check_integer_division(sink)  # lower
     sink = graph_rewrite(sink, pm_symbolic + pm_checks)  # lower: fold what reduce lowering exposed
     return sink

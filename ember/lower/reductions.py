@@ -179,7 +179,9 @@ def lower_max_all(ctx, node, x: TensorValue) -> TensorValue:
 
 
 def variance(ctx, x: TensorValue, dims: list[int], correction: float, keepdim: bool) -> tuple[UOp, TensorValue]:
-    """Two passes (mean, then squared deviations): as accurate as eager's Welford."""
+    """Two passes (mean, then squared deviations) in double: as accurate as eager's Welford.
+    The mean's pass shares its loop with other statistics of the rows, the deviations' pass
+    with those that read them (Note: shared reduce loops, codegen/shared_loops.py)."""
     n = count(x, dims)
     mean = reduce(ctx, x, dims, True, Ops.ADD, dtypes.float64)
     mean_body = mean.body.alu(Ops.FDIV, UOp.const(dtypes.float64, n))
@@ -191,8 +193,28 @@ def variance(ctx, x: TensorValue, dims: list[int], correction: float, keepdim: b
 
     total = reduce(ctx, x, dims, keepdim, Ops.ADD, dtypes.float64, value=squared_deviation)
     var = total.body.alu(Ops.FDIV, UOp.const(dtypes.float64, max(n - correction, 0)))
+    mean_value = welford_mean_of_infinities(ctx, x, dims, mean_value)
     mean_out = mean_value if keepdim else mean_value.reindex(total.shape, _squeeze_axes(mean_value.shape, dims))
     return var, TensorValue(total.shape, dtypes.float64, mean_out.body)
+
+
+def welford_mean_of_infinities(ctx, x: TensorValue, dims: list[int], mean: TensorValue) -> TensorValue:
+    """The mean var_mean reports, as eager's Welford walk gives it: an infinity anywhere but at
+    the last reduced position (in logical order) meets a later element as `x - inf` and makes the
+    mean NaN; a lone infinity at the last position leaves it infinite (the sum's mean otherwise).
+    Counting the infinities is one more accumulator in the mean's loop (Note: shared reduce loops).
+    C++ kernels only: the Triton path (and its split variance, lower/split_reductions.py) keeps
+    the sum's mean."""
+    if ctx.backend == "triton" or any(x.shape[d] == 0 for d in dims):
+        return mean  # (no element: the mean is 0/0 already)
+    is_infinite = lambda e, _: e.alu(Ops.ISINF).cast(dtypes.float64)  # noqa: E731
+    infinities = reduce(ctx, x, dims, True, Ops.ADD, dtypes.float64, value=is_infinite)
+    last_axes = [const_index(x.shape[d] - 1) if d in dims else axis(d) for d in range(x.ndim)]
+    last_is_infinite = x.reindex(mean.shape, last_axes).body.alu(Ops.ISINF)
+    one = UOp.const(dtypes.float64, 1.0)
+    lone_and_last = infinities.body.alu(Ops.CMPEQ, one).alu(Ops.AND, last_is_infinite)
+    walked_past = infinities.body.alu(Ops.CMPLT, one).alu(Ops.OR, lone_and_last).alu(Ops.NOT)
+    return mean.with_body(walked_past.where(UOp.const(dtypes.float64, math.nan), mean.body))
 
 
 def _squeeze_axes(shape: tuple[int, ...], dims: list[int]) -> list[UOp]:

@@ -127,7 +127,12 @@ LOW_PRECISION_NAMES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
 
 def render_cast(x: str, source: DType, target: DType) -> str:
     """A conversion as eager's: every conversion from or to float16/bfloat16 goes through
-    float32 (c10 converts a double or an integer to float first, then rounds that)."""
+    float32 (c10 converts a double or an integer to float first, then rounds that). A bool
+    becomes a float through a select: gcc 12 does not vectorize a loop converting a bool."""
+    if source.is_bool and target in (dtypes.float32, dtypes.float64):
+        return f"({x} ? {render_const(1.0, target)} : {render_const(0.0, target)})"
+    if source.is_bool and target in LOW_PRECISION_NAMES:
+        x, source = f"({x} ? 1.0f : 0.0f)", dtypes.float32
     if source in LOW_PRECISION_NAMES:
         x = f"ember_{LOW_PRECISION_NAMES[source]}_to_f32({x})"
         source = dtypes.float32
@@ -296,6 +301,7 @@ class RenderedKernel:
     params: list[tuple[str, DType, bool]]  # (name, dtype, written)
     errors: list[CheckArg] = field(default_factory=list)  # error code i+1 is errors[i]
     search: Any = None  # config.kernel_search: a SearchPlan (compile_search.py), the other renderings to time
+    reduce_loops: int = 0  # reduce loops it opens (codegen/shared_loops.py reduce_loop_count)
 
 
 def render(name: str, program: list[UOp], written: frozenset[str], parallel_threshold: int,
@@ -471,11 +477,20 @@ def _expression(u: UOp, srcs: list[str]) -> str:
     return _unary_call(u, srcs[0])
 
 
+# A float max/min as one select, ember_max/ember_min(a, b) exactly (a NaN accumulator stays, a NaN
+# value wins, ties keep b): gcc vectorizes it next to other accumulators where it does not
+# vectorize the helper's nested selects.
+def _extreme(compare: str, name: str, ctype: str, a: str, b: str) -> str:
+    if ctype in ("float", "double"):
+        return f"(({a} {compare} {b} || {a} != {a}) ? {a} : {b})"
+    return f"ember_{name}<{ctype}>({a}, {b})"
+
+
 _COMBINE: dict[Ops, Callable[[str, str, str], str]] = {
     Ops.ADD: lambda t, a, b: f"{a} + {b}",
     Ops.MUL: lambda t, a, b: f"{a} * {b}",
-    Ops.MAX: lambda t, a, b: f"ember_max<{t}>({a}, {b})",
-    Ops.MIN: lambda t, a, b: f"ember_min<{t}>({a}, {b})",
+    Ops.MAX: lambda t, a, b: _extreme(">", "max", t, a, b),
+    Ops.MIN: lambda t, a, b: _extreme("<", "min", t, a, b),
     Ops.LOGADDEXP: lambda t, a, b: f"ember_logaddexp<{t}>({a}, {b})",
 }
 

@@ -27,6 +27,7 @@ class GraphSummary:
     fusions: int = 0
     refusals: int = 0
     extern_calls: int = 0
+    reduce_loops: int = 0  # C++ kernels' reduce loops (Note: shared reduce loops, codegen/shared_loops.py)
     fallback_ops: list[str] = field(default_factory=list)
     explanation: str = ""
     pass_rewrites: dict[str, int] = field(default_factory=dict)  # FX pass -> nodes rewritten (ember/passes)
