@@ -283,13 +283,15 @@ def cos_alias(dtype: DType) -> str:
 
 
 def cos_alias_declarations(program: list[UOp], simd_math: tuple[tuple[str, int], ...]) -> str:
-    """The aliases cos_alias names, declared `simd` where the host has a vector cos."""
+    """The aliases cos_alias names, declared `simd` where the host has a vector cos, and
+    `const` (no errno: -fno-math-errno), which the builtin cos is without saying: a call gcc
+    thinks may write memory keeps the loop's loads from being if-converted and vectorized."""
     if not any(u.op is Ops.COS for u in program):
         return ""
-    simd = '__attribute__((simd("notinbranch"))) ' if ("cos", 1) in simd_math else ""
+    simd = 'simd("notinbranch"), ' if ("cos", 1) in simd_math else ""
     return ('extern "C" {\n'
-            f'{simd}float ember_cosf(float) noexcept __asm__("cosf");\n'
-            f'{simd}double ember_cos(double) noexcept __asm__("cos");\n}}\n')  # fmt: skip
+            f'__attribute__(({simd}const)) float ember_cosf(float) noexcept __asm__("cosf");\n'
+            f'__attribute__(({simd}const)) double ember_cos(double) noexcept __asm__("cos");\n}}\n')  # fmt: skip
 
 
 def render_const(value: int | float | bool, dtype: DType) -> str:
