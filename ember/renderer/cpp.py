@@ -274,7 +274,29 @@ def _unary_call(u: UOp, x: str) -> str:
         return f"{libm(MATH_CALLS[u.op], u.src[0].dtype)}({x})"
     if u.op in SPECIAL_CALLS:
         return f"{SPECIAL_CALLS[u.op].format(t=u.src[0].dtype.ctype)}({x})"
+    if u.op is Ops.COS:
+        return f"{cos_alias(u.src[0].dtype)}({x})"
     return f"{libm(UNARY_CALLS[u.op], u.src[0].dtype)}({x})"
+
+
+def cos_alias(dtype: DType) -> str:
+    """Note: cos through an alias. gcc merges sin(x) and cos(x) of one x into sincos (cexpi),
+    which has no vector version, so a loop computing both (rotary embeddings) stays scalar.
+    cos called under another name that binds to the same libm symbol is not merged, and its
+    `simd` declaration (cos_alias_declarations) still reaches libmvec's vector cos."""
+    return f"ember_cos{'f' if dtype is dtypes.float32 else ''}"
+
+
+def cos_alias_declarations(program: list[UOp], simd_math: tuple[tuple[str, int], ...]) -> str:
+    """The aliases cos_alias names, declared `simd` where the host has a vector cos, and
+    `const` (no errno: -fno-math-errno), which the builtin cos is without saying: a call gcc
+    thinks may write memory keeps the loop's loads from being if-converted and vectorized."""
+    if not any(u.op is Ops.COS for u in program):
+        return ""
+    simd = 'simd("notinbranch"), ' if ("cos", 1) in simd_math else ""
+    return ('extern "C" {\n'
+            f'__attribute__(({simd}const)) float ember_cosf(float) noexcept __asm__("cosf");\n'
+            f'__attribute__(({simd}const)) double ember_cos(double) noexcept __asm__("cos");\n}}\n')  # fmt: skip
 
 
 def render_const(value: int | float | bool, dtype: DType) -> str:
@@ -318,7 +340,8 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
     if errors:  # Note: kernel errors
         signature += ", int32_t* ember_error"
     body = _render_body(program, parallel_threshold, errors, choices)
-    declarations = simd_declarations(simd_math) + reduction_declarations(program)
+    declarations = simd_declarations(simd_math) + cos_alias_declarations(program, simd_math)
+    declarations += reduction_declarations(program)
     if any(u.op is Ops.PHILOX for u in program):
         declarations += PHILOX
     if any(u.dtype in LOW_PRECISION_NAMES for u in program):
