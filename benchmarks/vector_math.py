@@ -93,7 +93,11 @@ def timings(name: str, n: int = 1 << 22, rounds: int = 30) -> dict[str, float]:
     x = torch.randn(n) * 1.5
     out = torch.empty_like(x)
     ember, libmvec = compiled(name, "ember"), compiled(name, "libmvec")
-    variants = {"eager": lambda: out.copy_(reference(x)) if name == "gelu" else reference(x, out=out), "ember": lambda: ember(x, out), "libmvec": lambda: libmvec(x, out)}
+    variants = {
+        "eager": lambda: out.copy_(reference(x)) if name == "gelu" else reference(x, out=out),
+        "ember": lambda: ember(x, out),
+        "libmvec": lambda: libmvec(x, out),
+    }
     best = dict.fromkeys(variants, float("inf"))
     for _ in range(rounds):
         for key, fn in variants.items():
