@@ -6,7 +6,8 @@ Note: vector math
     about 1.25x libmvec's speed in cache (benchmarks/vector_math.py). The coefficients are
     least-squares fits in float64 (Chebyshev nodes, weighted by the float32 ulp of the result)
     rounded to float. Error against float64 erf on every 97th float32 bit pattern (44M inputs,
-    benchmarks/vector_math.py --stride 97): at most MAX_ULP below (asserted on a sweep by
+    benchmarks/vector_math.py --stride 97): at most 1.255 ulp (at -0.92924, just past
+    the switch between arms), MAX_ULP below (asserted on a sweep by
     tests/test_vector_math.py; eager's own vectorized erf is an Abramowitz-Stegun formula off
     by up to ~1e-7 absolute). NaN stays NaN, erf(+-inf) = +-1, erf(-0) = -0, denormals give
     2x/sqrt(pi) rounded (no flush to zero). fmaf is explicit: ember compiles with -ffp-contract=off.
@@ -17,7 +18,7 @@ from __future__ import annotations
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import Ops, UOp
 
-MAX_ULP = {"erf": 1.2}  # the worst error measured (the full 2^32 sweep is `python -m benchmarks.vector_math`)
+MAX_ULP = {"erf": 1.3}  # the worst error measured (the full 2^32 sweep is `python -m benchmarks.vector_math`)
 
 # erf: |x| <= 0.9277 -> x + x * p(x^2); beyond, 1 - 2^q(|x|) with q ~ log2(erfc), degree 7,
 # fitted on [0.9277, 4] (|x| is capped at 4, where erf rounds to 1; a NaN passes the cap).
