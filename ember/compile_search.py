@@ -22,6 +22,7 @@ from ember.debug.log import DebugDump
 from ember.metrics import metrics
 from ember.renderer.choices import KernelChoices, search_space
 from ember.renderer.cpp import MATH_CALLS, UNARY_CALLS, RenderedKernel
+from ember.renderer.vector_math import vector_math_call
 from ember.runtime.cpu import compile_cpp, simd_math_functions
 from ember.runtime.search import read_winner, record_path, wide_default_vectors
 from ember.uop.dtypes import DType
@@ -58,10 +59,12 @@ def plan_search(program: list[UOp], kernel: RenderedKernel,
 
 
 def calls_vector_math(program: list[UOp]) -> bool:
-    """Whether the kernel calls a libm function the host has vector versions of."""
+    """Whether the kernel calls a libm function the host has vector versions of (ember's own
+    inline ones, Note: vector math, round alike at every width)."""
     vector = {name for name, _ in simd_math_functions()}
     binary = {Ops.POW: "pow", Ops.ATAN2: "atan2"}
-    return any((UNARY_CALLS.get(u.op) or MATH_CALLS.get(u.op) or binary.get(u.op)) in vector for u in program)
+    return any((UNARY_CALLS.get(u.op) or MATH_CALLS.get(u.op) or binary.get(u.op)) in vector
+               and vector_math_call(u.op, u.src[0].dtype) is None for u in program)  # fmt: skip
 
 
 def written_extents(program: list[UOp], params: list[tuple[str, DType, bool]]) -> tuple[int, ...] | None:

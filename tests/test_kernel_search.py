@@ -15,6 +15,7 @@ import ember
 from ember import compile_search
 from ember.config import Config
 from ember.renderer.choices import DEFAULT_CHOICES, KernelChoices, runs_parallel
+from ember.runtime.search import wide_default_vectors
 
 
 @pytest.fixture
@@ -214,3 +215,16 @@ def test_parallel_choice_never_changes_a_reduction_clause_loop():
     assert runs_parallel(KernelChoices(parallel="more"), True, 100, 1000, carries=False) is True
     assert runs_parallel(DEFAULT_CHOICES, True, 100, 1000, carries=False) is False
     assert runs_parallel(DEFAULT_CHOICES, False, 10**6, 1000, carries=False) is False
+
+
+@pytest.mark.skipif(not wide_default_vectors(), reason="the narrower width is tried only on AVX-512 hosts")
+def test_vector_width_is_varied_with_inline_erf_but_not_libmvec_exp(cache_dir):
+    """ember's inline erf (Note: vector math) rounds alike at every width; libmvec's exp may not."""
+    x = torch.randn(256, 1024)
+    run(torch.nn.functional.gelu, x, kernel_search=True)
+    erf_widths = {c["choices"]["vector_bits"] for r in records(cache_dir) for c in r["candidates"]}
+    for path in (cache_dir / "search").rglob("*.json"):
+        path.unlink()
+    run(torch.exp, x, kernel_search=True)
+    exp_widths = {c["choices"]["vector_bits"] for r in records(cache_dir) for c in r["candidates"]}
+    assert len(erf_widths) > 1 and exp_widths == {0}, (erf_widths, exp_widths)

@@ -17,7 +17,7 @@ Note: kernel choices
       - threading (threads, collapse, schedule) changes only on loops that carry nothing
         between iterations (no reduction clause, no scan): an OpenMP reduction's combining
         order depends on the split;
-      - the vector width changes only in kernels that call no vector math function (libmvec's
+      - the vector width changes only in kernels that call no libmvec function (libmvec's
         256- and 512-bit versions of one function may round differently);
       - gcc's unroller does not reassociate (no -ffast-math), so unrolled reductions add in
         the same order;

@@ -28,6 +28,7 @@ from ember.renderer.choices import (
     parallel_clauses,
     runs_parallel,
 )
+from ember.renderer.vector_math import vector_math_call, vector_math_prelude
 from ember.uop.dtypes import DType, bits_of, dtypes
 from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp
 
@@ -276,6 +277,8 @@ def _unary_call(u: UOp, x: str) -> str:
         return f"{SPECIAL_CALLS[u.op].format(t=u.src[0].dtype.ctype)}({x})"
     if u.op is Ops.COS:
         return f"{cos_alias(u.src[0].dtype)}({x})"
+    if (inline := vector_math_call(u.op, u.src[0].dtype)) is not None:
+        return f"{inline}({x})"
     return f"{libm(UNARY_CALLS[u.op], u.src[0].dtype)}({x})"
 
 
@@ -346,6 +349,7 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
         declarations += PHILOX
     if any(u.dtype in LOW_PRECISION_NAMES for u in program):
         declarations = LOW_PRECISION_PRELUDE + declarations
+    declarations += vector_math_prelude(program)
     source = f'{special_prelude(program)}{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n{body}}}\n'
     source = file_pragmas(choices) + source
     return RenderedKernel(name, source, params, errors)
