@@ -98,4 +98,3 @@ def test_tile_sizes_and_trip_counts():
     element = UOp(tile.op, tile.dtype, (tile.src[0], tile), type(tile.arg)(1))
     assert (trip_count(tile), trip_count(element), trip_count(tile, 16), trip_count(element, 16)) == (4, 32, 7, 16)
     assert trip_count(UOp.range(100, 2)) == 100
-
