@@ -98,3 +98,18 @@ def test_tile_sizes_and_trip_counts():
     element = UOp(tile.op, tile.dtype, (tile.src[0], tile), type(tile.arg)(1))
     assert (trip_count(tile), trip_count(element), trip_count(tile, 16), trip_count(element, 16)) == (4, 32, 7, 16)
     assert trip_count(UOp.range(100, 2)) == 100
+
+
+def test_permutes_of_three_dims_and_expanded_inputs():
+    check(lambda x: x.permute(2, 1, 0).contiguous(), torch.randn(70, 3, 33)[1:, :, 1:])
+    x = torch.randn(100, 1, 64).expand(100, 7, 64)  # a stride-0 dim
+    check(lambda x, y: x.transpose(0, 2) + y, x, torch.randn(64, 7, 1))
+    _tiled(2)
+
+
+def test_integer_division_checks_in_tiles():
+    a = torch.randint(-50, 50, (64, 96), dtype=torch.int32)
+    b = torch.randint(1, 9, (96, 64), dtype=torch.int32)
+    check(lambda a, b: (a.t() // b).contiguous(), a, b)
+    check(lambda a, b: torch.where(a.t() > 0, a.t(), b) * 3, a, b)
+    _tiled(2)
