@@ -160,6 +160,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         extern_calls=sum(1 for s in steps if not isinstance(s, KernelStep)),
         reduce_loops=sum(getattr(kernel, "reduce_loops", 0) for kernel, _ in rendered.values()),
         fallback_ops=list(lowering.fallback_ops), explanation=explanation,
+        tiled_kernels=0 if backend == "triton" else sum(kernel.tiled for kernel, _ in rendered.values()),
     )  # fmt: skip
     return _finish(call, path, summary), wrapper.source, wrapper.objects, summary
 
@@ -190,6 +191,7 @@ def _record(summary, timings: dict[str, float]) -> None:
     metrics.graphs_compiled += 1
     metrics.compile_seconds.update(timings)
     metrics.kernels_generated += summary.kernels
+    metrics.tiled_kernels += summary.tiled_kernels
     metrics.fusions += summary.fusions
     metrics.fusion_refusals += summary.refusals
     metrics.extern_calls += summary.extern_calls

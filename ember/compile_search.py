@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ember
+from ember.codegen.tiling import trip_count
 from ember.config import Config
 from ember.debug.log import DebugDump
 from ember.metrics import metrics
@@ -94,7 +95,7 @@ def loop_iterations(program: list[UOp]) -> int:
     total, nest = 0, [1]
     for u in program:
         if u.op is Ops.RANGE:
-            nest.append(nest[-1] * u.src[0].arg)
+            nest.append(nest[-1] * trip_count(u))
             total += nest[-1]
         elif u.op is Ops.ENDRANGE:
             nest.pop()

@@ -136,6 +136,17 @@ def test_three_loop_kernel_tries_collapse(cache_dir):
     assert any(c["collapse"] for c in tried), tried
 
 
+def test_tiled_kernel_tries_other_tile_sizes(cache_dir):
+    """A transpose's 2-D tiles (codegen/tiling.py) come in a smaller and a larger size too;
+    each computes the same elements."""
+    x = torch.randn(200, 300)
+    want = run(lambda x: x.t().contiguous() + 1, x)
+    got = run(lambda x: x.t().contiguous() + 1, x, kernel_search=True)
+    tried = {c["choices"]["tile"] for r in records(cache_dir) for c in r["candidates"]}
+    assert tried == {0, 16, 64}, tried
+    assert_identical(got, want)
+
+
 def test_threads_of_a_reduction_loop_are_never_varied(cache_dir):
     """A full reduction's loop splits over threads with an OpenMP reduction: a different split
     (one thread, collapse) would add in another order, so no candidate changes it."""

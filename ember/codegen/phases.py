@@ -2,7 +2,7 @@
 
     early     simplify index math (symbolic rules); float16/bfloat16 math in float32;
               identical reductions collapse (codegen/shared_loops.py)
-    optimize  choose loop order from the store's strides
+    optimize  choose loop order from the store's strides; tile transposed reads (codegen/tiling.py)
     lower     REDUCE -> accumulator declared outside its loops, updated inside, read after
               (an array of lane accumulators for column reductions: codegen/lanes.py);
               independent accumulators of one scope share a loop (Note: shared reduce loops)
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ember.codegen.lanes import MAX_LANES, innermost_loop, lane_copy, lane_range
 from ember.codegen.low_precision import pm_low_precision
 from ember.codegen.shared_loops import merge_identical_reductions, share_reduce_loops
+from ember.codegen.tiling import tile_loops
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import AccArg, CheckArg, Ops, RangeArg, ScatterArg, UOp, normalize_const, reduce_identity, substitute
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
@@ -32,6 +33,7 @@ def full_rewrite(sink: UOp, max_lanes: int = MAX_LANES) -> UOp:
     sink = merge_identical_reductions(sink)  # early
     sink = graph_rewrite(sink, pm_unique_reduce_ranges, ctx={})  # early
     sink = order_loops(sink)  # optimize
+    sink = tile_loops(sink)  # optimize: Note: 2-D tiles
     lowering = ReduceLowering(itertools.count(), innermost_loop(sink), max_lanes)
     sink = graph_rewrite(sink, pm_lower_reduce, ctx=lowering)  # lower
     sink = share_reduce_loops(sink)  # lower

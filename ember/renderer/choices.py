@@ -22,7 +22,9 @@ Note: kernel choices
       - gcc's unroller does not reassociate (no -ffast-math), so unrolled reductions add in
         the same order;
       - kernels with stores at computed positions are never searched (an owner dim's plain
-        stores rely on the outermost loop alone being split).
+        stores rely on the outermost loop alone being split);
+      - the tile size of 2-D tiles (codegen/tiling.py) changes only the order independent
+        iterations run in (tiled kernels have no reductions).
     The search checks it too: a candidate whose result on the real arguments differs from
     the default's in one bit is dropped.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ember.codegen.tiling import is_tile_loop, trip_count
 from ember.uop.ops import Ops, ScatterArg, UOp
 
 
@@ -41,6 +44,7 @@ class KernelChoices:
     dynamic_chunks: int = 0  # 0: OpenMP's static schedule; N: schedule(dynamic) in about N chunks per nest
     vector_bits: int = 0  # 0: the compiler's width for the host; else gcc's prefer-vector-width
     unroll: bool = False  # gcc unrolls the kernel's loops (-funroll-loops)
+    tile: int = 0  # 0: the codegen's tile size for 2-D tiles (codegen/tiling.py); else this many elements
 
 
 DEFAULT_CHOICES = KernelChoices()
@@ -78,10 +82,10 @@ def parallel_clauses(choices: KernelChoices, program: list[UOp], start: int, car
     combine the threads' partial results in another order)."""
     if carries:
         return []
-    clauses, iterations = [], program[start].src[0].arg
+    clauses, iterations = [], trip_count(program[start], choices.tile)
     if choices.collapse and collapses(program, start):
         clauses.append("collapse(2)")
-        iterations *= program[start + 1].src[0].arg
+        iterations *= trip_count(program[start + 1], choices.tile)
     if choices.dynamic_chunks:
         # a thread the OS preempts (a busy machine) holds up one chunk, not its static half
         clauses.append(f"schedule(dynamic, {max(1, -(-iterations // choices.dynamic_chunks))})")
@@ -180,4 +184,7 @@ def search_space(program: list[UOp], narrower_vectors: bool) -> list[KernelChoic
     ]
     if narrower_vectors:
         space.append(KernelChoices(vector_bits=256))
+    if any(is_tile_loop(u) for u in program):  # Note: 2-D tiles: a smaller and a larger tile
+        tile = next(u.arg.tile for u in program if is_tile_loop(u))
+        space += [KernelChoices(tile=tile // 2), KernelChoices(tile=tile * 2)]
     return space

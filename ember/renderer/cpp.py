@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ember.codegen.tiling import is_tile_loop, trip_count
 from ember.renderer.choices import (
     DEFAULT_CHOICES,
     KernelChoices,
@@ -29,6 +30,7 @@ from ember.renderer.choices import (
     runs_parallel,
 )
 from ember.renderer.vector_math import vector_math_call, vector_math_prelude
+from ember.renderer.tiles import loop_lines
 from ember.uop.dtypes import DType, bits_of, dtypes
 from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp
 
@@ -325,6 +327,7 @@ class RenderedKernel:
     source: str
     params: list[tuple[str, DType, bool]]  # (name, dtype, written)
     errors: list[CheckArg] = field(default_factory=list)  # error code i+1 is errors[i]
+    tiled: bool = False  # its loops are 2-D tiles (Note: 2-D tiles, codegen/tiling.py)
     search: Any = None  # config.kernel_search: a SearchPlan (compile_search.py), the other renderings to time
     reduce_loops: int = 0  # reduce loops it opens (codegen/shared_loops.py reduce_loop_count)
 
@@ -352,7 +355,7 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
     declarations += vector_math_prelude(program)
     source = f'{special_prelude(program)}{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n{body}}}\n'
     source = file_pragmas(choices) + source
-    return RenderedKernel(name, source, params, errors)
+    return RenderedKernel(name, source, params, errors, tiled=any(is_tile_loop(u) for u in program))
 
 
 def simd_declarations(functions: tuple[tuple[str, int], ...]) -> str:
@@ -407,8 +410,8 @@ def loop_pragma(program: list[UOp], start: int, outermost: bool, parallel_thresh
             return None  # a scan loop: each step reads the last one's accumulator (Note: scans)
         elif u.op is Ops.STORE and isinstance(u.arg, ScatterArg):
             scatters = True  # iterations may hit one element: threads (atomic stores), never SIMD lanes
-    splittable = outermost and loop.src[0].arg > 1
-    work = _work(program, loop) if splittable else 0
+    splittable = outermost and trip_count(loop, choices.tile) > 1
+    work = _work(program, loop, choices.tile) if splittable else 0
     parallel = runs_parallel(choices, splittable, work, parallel_threshold, carries=bool(updated))
     simd = innermost and not scatters
     if not parallel and not simd:
@@ -449,10 +452,11 @@ def _render_body(program: list[UOp], parallel_threshold: int, errors: list[Check
     for i, u in enumerate(program):
         pad = "  " * depth
         if u.op is Ops.RANGE:
-            size = u.src[0].arg
+            before, header = loop_lines(u, choices.tile)
+            lines.extend(pad + line for line in before)
             if (pragma := loop_pragma(program, i, depth == 1, parallel_threshold, choices)) is not None:
                 lines.append(f"{pad}{pragma}")
-            lines.append(f"{pad}for (int64_t r{u.arg.axis} = 0; r{u.arg.axis} < {size}; r{u.arg.axis}++) {{")
+            lines.append(pad + header)
             depth += 1
         elif u.op is Ops.ENDRANGE:
             depth -= 1
@@ -550,8 +554,9 @@ def _combine(op: Ops, dtype: DType, acc: str, value: str) -> str:
     return _COMBINE[op](dtype.ctype, acc, value)
 
 
-def _work(program: list[UOp], outer: UOp) -> int:
-    """Iterations of the loop nest under `outer`: the product of the ranges opened in it."""
+def _work(program: list[UOp], outer: UOp, tile: int = 0) -> int:
+    """Iterations of the loop nest under `outer`: the product of the ranges opened in it
+    (`tile`: KernelChoices.tile, the tile size of a 2-D tiling's loops)."""
     total, depth, inside = 1, 0, False
     for u in program:
         if u is outer:
@@ -560,7 +565,7 @@ def _work(program: list[UOp], outer: UOp) -> int:
             continue
         if u.op is Ops.RANGE:
             depth += 1
-            total = max(total, 1) * u.src[0].arg if depth > 0 else total
+            total = max(total, 1) * trip_count(u, tile) if depth > 0 else total
         elif u.op is Ops.ENDRANGE:
             depth -= 1
             if depth == 0:

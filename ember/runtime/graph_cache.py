@@ -31,6 +31,7 @@ class GraphSummary:
     fallback_ops: list[str] = field(default_factory=list)
     explanation: str = ""
     pass_rewrites: dict[str, int] = field(default_factory=dict)  # FX pass -> nodes rewritten (ember/passes)
+    tiled_kernels: int = 0  # C++ kernels with 2-D tiles (codegen/tiling.py)
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], config_key: str, versions: str) -> str:

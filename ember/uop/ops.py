@@ -31,7 +31,7 @@ class Ops(enum.Enum):
     LOAD = enum.auto()  # src: (INDEX,)
     STORE = enum.auto()  # src: (INDEX, value)
     AXIS = enum.auto()  # lowering-time placeholder for output dimension `arg` of a tensor
-    RANGE = enum.auto()  # a loop variable; src: (CONST size,), arg: RangeArg
+    RANGE = enum.auto()  # a loop variable; src: (CONST size,) or (CONST size, its tile loop), arg: RangeArg
     CONST = enum.auto()  # arg: the Python value
     REDUCE = enum.auto()  # src: (value, *reduce RANGEs), arg: the combining Ops (ADD/MAX/MIN/MUL)
     DEFINE_ACC = enum.auto()  # accumulator declared where the REDUCE result lives; arg: AccArg
@@ -198,6 +198,7 @@ class RangeArg:
 
     axis: int
     reduce: bool = False
+    tile: int = 0  # > 0: the tile loop of a 2-D tiling, stepping by `tile` (Note: 2-D tiles, codegen/tiling.py)
 
 
 @dataclass(frozen=True)
