@@ -29,8 +29,8 @@ from ember.renderer.choices import (
     parallel_clauses,
     runs_parallel,
 )
-from ember.renderer.vector_math import vector_math_call, vector_math_prelude
 from ember.renderer.tiles import loop_lines
+from ember.renderer.vector_math import vector_math_call, vector_math_prelude
 from ember.uop.dtypes import DType, bits_of, dtypes
 from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp
 
