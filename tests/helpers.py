@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+import pytest
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -28,6 +29,11 @@ def test_device() -> str:
     """EMBER_TEST_DEVICE=cuda runs every `check` on the GPU (Triton kernels); eager stays the
     reference on the CPU."""
     return os.environ.get("EMBER_TEST_DEVICE", "cpu")
+
+
+# Tests of the C++ renderer's own structure (loop counts, symbols) or of behaviour only the
+# C++ kernels give (var_mean's mean of infinities as eager's CPU Welford) run on the CPU only.
+cpu_kernels_only = pytest.mark.skipif(test_device() != "cpu", reason="C++ kernels only (EMBER_TEST_DEVICE is not cpu)")
 
 
 def dense(x: torch.Tensor) -> bool:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from tests.helpers import check
+from tests.helpers import check, cpu_kernels_only
 
 
 def statistics(x, dim, keepdim):
@@ -35,27 +35,32 @@ def with_specials(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+@cpu_kernels_only
 def test_row_statistics_share_one_loop():
     check(lambda x: statistics(x, -1, False), torch.randn(64, 300), rtol=1e-4, atol=1e-4)
     assert ember.metrics.reduce_loops == 1
 
 
+@cpu_kernels_only
 def test_column_statistics_share_one_loop():
     check(lambda x: statistics(x, 0, False), torch.randn(300, 64), rtol=1e-4, atol=1e-4)
     assert ember.metrics.reduce_loops == 1
 
 
+@cpu_kernels_only
 def test_dependent_reductions_keep_their_order():
     # pass 1: the means, the max and the infinity count; pass 2: squared deviations and exp sums
     check(lambda x: dependent_statistics(x, -1, False), torch.randn(64, 300), rtol=1e-4, atol=1e-4)
     assert ember.metrics.reduce_loops == 2
 
 
+@cpu_kernels_only
 def test_logsumexp_alone_walks_twice():
     check(lambda x: torch.logsumexp(x, -1), torch.randn(16, 100))
     assert ember.metrics.reduce_loops == 2
 
 
+@cpu_kernels_only
 def test_identical_statistics_of_norms_collapse():
     # layer norm's var_mean and a var_mean of its own (another correction) are one mean and one
     # sum of squared deviations; rms norm's sum of squares joins the first pass
@@ -80,6 +85,7 @@ def test_shared_statistics_match_eager(shape, dim, keepdim):
     assert ember.metrics.fallback_calls == 0
 
 
+@cpu_kernels_only
 @pytest.mark.parametrize("shape,dim", SHAPES_AND_DIMS[:4], ids=str)
 def test_shared_statistics_with_nan_and_inf(shape, dim):
     x = with_specials(torch.randn(shape))
@@ -108,6 +114,7 @@ def test_shared_statistics_of_empty_tensors(shape, dim):
 INFINITY_CASES = [((1, 16), -1), ((6, 3), 0), ((4, 5), None), ((2, 3, 4), (0, 2)), ((5,), 0), ((1, 1), -1)]
 
 
+@cpu_kernels_only
 @pytest.mark.parametrize("shape,dim", INFINITY_CASES, ids=str)
 @pytest.mark.parametrize("sign", [1, -1])
 def test_var_mean_of_infinities_is_eagers_welford(shape, dim, sign):
@@ -123,6 +130,7 @@ def test_var_mean_of_infinities_is_eagers_welford(shape, dim, sign):
     check(lambda x: torch.var_mean(x, dim), x)
 
 
+@cpu_kernels_only
 def test_var_mean_of_infinities_in_transposed_rows():
     # eager's order is the logical one, not memory's
     for row, col in [(3, 4), (2, 4), (3, 3)]:

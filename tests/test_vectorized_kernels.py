@@ -10,7 +10,7 @@ import torch
 
 import ember
 from ember.runtime.cpu import simd_math_functions
-from tests.helpers import check
+from tests.helpers import check, cpu_kernels_only
 
 
 def _with_specials(x: torch.Tensor) -> torch.Tensor:
@@ -68,6 +68,7 @@ def test_rotary_embedding_on_strided_and_broadcast_inputs():
     assert ember.metrics.fallback_calls == 0
 
 
+@cpu_kernels_only
 @pytest.mark.skipif(not {("sin", 1), ("cos", 1)} <= set(simd_math_functions()), reason="no vector sin/cos here")
 def test_sin_and_cos_of_one_value_call_no_scalar_sincos(tmp_path, monkeypatch):
     """gcc merges sin(x) and cos(x) into sincos, which has no vector version: the kernel
