@@ -148,7 +148,9 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
     with stage("wrapper", timings):
         host_inputs = frozenset(b.name for b, x in zip(graph.inputs, example_inputs)
                                 if isinstance(x, torch.Tensor) and x.device != device)  # fmt: skip
-        wrapper = generate_wrapper(graph, steps, binaries, device, host_inputs, config.huge_pages)
+        wrapper = generate_wrapper(
+            graph, steps, binaries, device, host_inputs, config.huge_pages, config.buffer_pool_mb << 20
+        )
         call, path = load_wrapper(wrapper, graph.constants, Path(config.cache_dir))
     debug.write("wrapper.py", wrapper.source)
     explanation = (

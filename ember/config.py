@@ -29,6 +29,9 @@ class Config:
     huge_pages: bool = _flag(True, "EMBER_HUGE_PAGES", True,
                              "back large CPU buffers the wrapper allocates with transparent huge pages "
                              "(fewer page faults; Note: huge pages for fresh buffers)")  # fmt: skip
+    buffer_pool_mb: int = _flag(1024, "EMBER_BUFFER_POOL_MB", True,
+                                "MiB of large CPU buffers kept for reuse once free, so outputs skip "
+                                "fresh-page faults (Note: pooled large buffers); 0: every buffer fresh")  # fmt: skip
     fusion: bool = _flag(True, "EMBER_FUSION", True, "let the scheduler fuse computed buffers into kernels")
     graph_cache: bool = _flag(True, "EMBER_GRAPH_CACHE", False, "load graphs compiled before from the cache")
     explain_file: str = _flag("", "EMBER_EXPLAIN_FILE", False, "append each graph's explanation to this file")

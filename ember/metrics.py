@@ -35,6 +35,7 @@ class Metrics:
     kernel_searches: int = 0  # config.kernel_search: kernels whose choices were timed (runtime/search.py)
     search_candidates_timed: int = 0  # renderings timed by those searches
     search_winners_loaded: int = 0  # kernels that took a winner recorded on disk, with no search
+    pooled_buffers_reused: int = 0  # large CPU buffers lent again from the pool (runtime/memory.py)
 
     def reset(self) -> None:
         fresh = Metrics()
@@ -42,5 +43,6 @@ class Metrics:
 
 
 # The process-wide counters; owned by this module and only ever added to by compile_graph (and
-# by the kernel search, runtime/search.py, which runs at a compiled graph's first call).
+# by the kernel search, runtime/search.py, which runs at a compiled graph's first call, and the
+# buffer pool, runtime/memory.py, which counts at every call).
 metrics = Metrics()

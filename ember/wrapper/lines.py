@@ -41,13 +41,16 @@ class MoveToDevice:
 @dataclass
 class Allocate:
     buffer: Buffer
-    huge_pages: bool = False  # a large CPU buffer (Note: huge pages for fresh buffers, runtime/memory.py)
+    large: bool = False  # a large CPU buffer (runtime/memory.py): pooled and/or in huge pages
+    huge_pages: bool = False  # Note: huge pages for fresh buffers
+    pool_bytes: int = 0  # Note: pooled large buffers (0: fresh)
 
     def render(self) -> str:
         b = self.buffer
         size = b.layout.size
-        if self.huge_pages:
-            return f"{b.name} = empty_huge({size}, {b.layout.stride}, dtype={to_torch(b.dtype)})"
+        if self.large:
+            return (f"{b.name} = empty_large({size}, {b.layout.stride}, {to_torch(b.dtype)}, "
+                    f"huge_pages={self.huge_pages}, pool_bytes={self.pool_bytes})")  # fmt: skip
         return f"{b.name} = empty_strided({size}, {b.layout.stride}, dtype={to_torch(b.dtype)}, device=_device)"
 
 

@@ -9,7 +9,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ember.runtime.cpu import load_kernel
-from ember.runtime.memory import empty_huge
+from ember.runtime.memory import empty_large
 from ember.runtime.search import search_cpu_kernel
 from ember.runtime.triton import TritonLauncher
 
@@ -22,7 +22,7 @@ def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
 
 __all__ = [
     "GpuErrorFlags", "KernelErrorFlag", "load_triton_kernel", "constant_on", "random_seed", "random_seed_value",
-    "as_strided", "assert_layout", "empty_huge", "empty_strided", "ensure_layout", "load_kernel", "search_cpu_kernel",
+    "as_strided", "assert_layout", "empty_large", "empty_strided", "ensure_layout", "load_kernel", "search_cpu_kernel",
     "tree_leaves",
 ]  # fmt: skip
 
