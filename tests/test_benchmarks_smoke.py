@@ -16,7 +16,8 @@ def test_harness_produces_correct_rows(tmp_path):
     out = tmp_path / "bench.json"
     command = [sys.executable, "-m", "benchmarks.run", "--quick", "--strict", "--models", "mlp,attention"]
     command += ["--compilers", "eager,ember", "--repeat", "2", "--warmup", "1", "--json", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    # keep the caller's path too: where ember's dynamo entry point is registered by a path, not an install
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
 
