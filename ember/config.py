@@ -32,6 +32,10 @@ class Config:
     buffer_pool_mb: int = _flag(1024, "EMBER_BUFFER_POOL_MB", True,
                                 "MiB of large CPU buffers kept for reuse once free, so outputs skip "
                                 "fresh-page faults (Note: pooled large buffers); 0: every buffer fresh")  # fmt: skip
+    shape_specializations: int = _flag(8, "EMBER_SHAPE_SPECIALIZATIONS", False,
+                                       "a graph with dynamic shapes is compiled for at most this many "
+                                       "concrete shapes (Note: dynamic shapes by specialization); "
+                                       "new ones past that run eagerly")  # fmt: skip
     fusion: bool = _flag(True, "EMBER_FUSION", True, "let the scheduler fuse computed buffers into kernels")
     graph_cache: bool = _flag(True, "EMBER_GRAPH_CACHE", False, "load graphs compiled before from the cache")
     explain_file: str = _flag("", "EMBER_EXPLAIN_FILE", False, "append each graph's explanation to this file")

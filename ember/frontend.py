@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.exc import RestartAnalysis
 from torch._functorch.aot_autograd import make_boxed_func
 
 from ember import config as config_module
@@ -23,6 +24,7 @@ from ember.compile_graph import compile_graph
 from ember.errors import EmberError
 from ember.lower.decompositions import corrected_autograd_kernels, decomposition_table
 from ember.metrics import metrics
+from ember.shape_specialization import ShapeSpecializedGraph, is_symbolic
 
 
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable:
@@ -36,6 +38,8 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
     try:
         with corrected_autograd_kernels():
             return backend(gm, example_inputs)
+    except RestartAnalysis:  # dynamo's control flow (e.g. float scalars made tensors): it traces again
+        raise
     except Exception as e:
         # AOTAutograd itself failed (a torch limitation or bug, before any ember stage ran):
         # the user's code still runs, as with any graph ember cannot compile.
@@ -48,6 +52,9 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
 
 
 def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config) -> Callable:
+    if is_symbolic(example_inputs):  # Note: dynamic shapes by specialization
+        static_compiler = functools.partial(compile_or_fallback, config=config)
+        return ShapeSpecializedGraph(gm, static_compiler, config.shape_specializations, config.strict)
     try:
         return compile_graph(gm, example_inputs, config)
     except Exception as e:

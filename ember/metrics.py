@@ -35,6 +35,7 @@ class Metrics:
     kernel_searches: int = 0  # config.kernel_search: kernels whose choices were timed (runtime/search.py)
     search_candidates_timed: int = 0  # renderings timed by those searches
     search_winners_loaded: int = 0  # kernels that took a winner recorded on disk, with no search
+    shape_specializations: int = 0  # static graphs compiled from a symbolic one (shape_specialization.py)
     pooled_buffers_reused: int = 0  # large CPU buffers lent again from the pool (runtime/memory.py)
 
     def reset(self) -> None:

@@ -77,6 +77,8 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], fallback_ra
 
 def _lower_placeholder(ctx: LoweringContext, node: torch.fx.Node, example: Any) -> Any:
     if not isinstance(example, torch.Tensor):
+        if isinstance(example, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # a size under dynamic=True
+            raise EmberError("lower", "dynamic shapes are not supported yet; compile with dynamic=False", node.name)
         if isinstance(example, (int, float, bool)):
             raise EmberError("lower", "scalar graph inputs (dynamic scalars) are not supported yet", node.name)
         return example

@@ -1,0 +1,110 @@
+"""Graphs with symbolic shapes, compiled once per concrete shape.
+
+Note: dynamic shapes by specialization
+    ember's kernels are generated for static shapes. torch.compile's default (`dynamic=None`)
+    recompiles a function whose input shapes change with those dims *symbolic*, so the second
+    batch size a user runs used to reach ember as a graph of SymInts and run eagerly. Instead,
+    such a graph is compiled at its first call with each new set of concrete shapes: the
+    symbolic aten graph is traced again with fake tensors of the call's shapes and strides
+    (`make_fx`), its SymInt inputs and every size it computes become constants, and the static
+    graph goes through `compile_graph` like any other (graph cache included). The compiled
+    graphs are kept per (shapes, strides, dtypes, devices, scalar values), up to
+    `config.shape_specializations`; past that, new shapes run the graph eagerly with one warning.
+    `EMBER_STRICT` makes a failing specialization raise, as for any graph.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ember.metrics import metrics
+
+SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def is_symbolic(example_inputs: list[Any]) -> bool:
+    """Whether a graph's inputs carry symbolic sizes (torch.compile's dynamic shapes)."""
+    for x in example_inputs:
+        if isinstance(x, SYMBOLIC):
+            return True
+        if isinstance(x, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride())):
+            return True
+        if isinstance(x, torch.Tensor) and isinstance(x.storage_offset(), torch.SymInt):
+            return True
+    return False
+
+
+def call_key(args: list[Any]) -> tuple:
+    """What a specialization is compiled for: every tensor's metadata, every scalar's value."""
+    return tuple(
+        (tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a.device, a.requires_grad)
+        if isinstance(a, torch.Tensor)
+        else (type(a), a)
+        for a in args
+    )
+
+
+class ShapeSpecializedGraph:
+    """A boxed callable AOTAutograd runs in place of a symbolic graph (Note: dynamic shapes by
+    specialization): `compile_static(gm, example_inputs)` compiles one static graph."""
+
+    def __init__(self, gm: torch.fx.GraphModule, compile_static: Callable, limit: int, strict: bool):
+        self._boxed_call = True  # per instance: wrappers (dynamo's disable) copy __dict__, not class attributes
+        self.gm, self.compile_static, self.limit, self.strict = gm, compile_static, limit, strict
+        self.compiled: dict[tuple, Callable] = {}
+        self.warned = False
+        self.lock = threading.Lock()
+
+    def __call__(self, args: list[Any]) -> Any:
+        key = call_key(args)
+        call = self.compiled.get(key)
+        if call is None:
+            with self.lock:
+                call = self.compiled.get(key) or self.specialize(key, args)
+        return call(args)
+
+    def specialize(self, key: tuple, args: list[Any]) -> Callable:
+        if len(self.compiled) >= self.limit:
+            if self.strict:
+                raise RuntimeError(f"ember: more than {self.limit} shapes for one graph (shape_specializations)")
+            if not self.warned:
+                self.warned = True
+                warnings.warn(f"ember: this graph has run with more than {self.limit} input shapes; "
+                              "new shapes run eagerly (raise EMBER_SHAPE_SPECIALIZATIONS)", stacklevel=3)  # fmt: skip
+            return self.run_eagerly
+        tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        static_gm = make_fx(self.static_function(args, tensors), tracing_mode="fake")(*[args[i] for i in tensors])
+        call = self.compile_static(static_gm, [args[i] for i in tensors])
+        specialized = self.tensors_only(call, tensors)
+        self.compiled[key] = specialized
+        metrics.shape_specializations += 1
+        return specialized
+
+    def static_function(self, args: list[Any], tensors: list[int]) -> Callable:
+        """The graph with this call's scalars (SymInt sizes) fixed: a function of its tensors."""
+        template = list(args)
+
+        def run(*tensor_args):
+            full = list(template)
+            for i, t in zip(tensors, tensor_args):
+                full[i] = t
+            return self.gm(*full)
+
+        return run
+
+    @staticmethod
+    def tensors_only(call: Callable, tensors: list[int]) -> Callable:
+        def run(args: list[Any]) -> Any:
+            tensor_args = [args[i] for i in tensors]
+            return call(tensor_args) if getattr(call, "_boxed_call", False) else call(*tensor_args)
+
+        return run
+
+    def run_eagerly(self, args: list[Any]) -> Any:
+        return self.gm(*args)
