@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import ember
-from tests.helpers import to_test_device
+from tests.helpers import test_device, to_test_device
 
 
 def upcast(model: torch.nn.Module) -> torch.nn.Module:
@@ -22,7 +22,7 @@ def mlp() -> torch.nn.Module:
 @pytest.mark.parametrize("dynamic", [None, True])
 def test_changing_batch_sizes_compile_instead_of_running_eagerly(dynamic):
     torch._dynamo.reset()
-    model = to_test_device(mlp()).eval()
+    model = mlp().to(test_device()).eval()
     reference = upcast(model)
     compiled = torch.compile(model, backend="ember", dynamic=dynamic)
     ember.metrics.reset()
@@ -37,7 +37,7 @@ def test_changing_batch_sizes_compile_instead_of_running_eagerly(dynamic):
 
 def test_training_with_changing_shapes_gives_eagers_gradients():
     torch._dynamo.reset()
-    model = to_test_device(mlp())
+    model = mlp().to(test_device())
     reference = upcast(model)
     compiled = torch.compile(model, backend="ember")
     ember.metrics.reset()
