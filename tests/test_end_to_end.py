@@ -50,6 +50,70 @@ def test_output_layout_follows_eager_when_dense():
     assert out.stride() == (x * 2).stride()
 
 
+def grads_match_float64_eager(fn, *inputs, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """One backward of `fn(*inputs).sum()` compiled by ember; the float inputs' gradients are
+    compared with eager's on float64 copies."""
+
+    def run(f, dtype):
+        xs = [x.detach().to(dtype).requires_grad_() if x.is_floating_point() else x for x in inputs]
+        out = f(*xs)
+        out.backward(torch.ones_like(out))
+        return out, [x.grad for x in xs if x.is_floating_point()]
+
+    out, grads = run(compile_fn(fn), torch.float32)
+    want_out, want_grads = run(fn, torch.float64)
+    torch.testing.assert_close(out.double(), want_out.detach(), rtol=rtol, atol=atol)
+    for got, want in zip(grads, want_grads):
+        torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol)
+    assert ember.metrics.graphs_failed == 0
+
+
+def heads_after_empty_cache(x, w):
+    """A matmul's result split into heads (a permuted view) and appended to an empty cache, as
+    Hugging Face attention does: cat then is that view, but eager's cat is contiguous."""
+    b, s, d = x.shape
+    heads = (x @ w).view(b, s, 4, d // 4).transpose(1, 2)
+    return torch.cat([x.new_zeros(b, 4, 0, d // 4), heads], dim=-2)
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 16), (3, 5, 32), (1, 16, 8)])
+def test_output_view_of_intermediate_has_eager_strides(shape):
+    x, w = torch.randn(shape), torch.randn(shape[-1], shape[-1])
+    out = check(heads_after_empty_cache, x, w)
+    assert out.stride() == heads_after_empty_cache(x, w).stride()
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 16), (3, 5, 32)])
+def test_tensor_saved_for_backward_has_eager_strides(shape):
+    # the cat is saved for the backward of the square, which was traced with eager's strides
+    grads_match_float64_eager(lambda x, w: heads_after_empty_cache(x, w).square(), torch.randn(shape),
+                              torch.randn(shape[-1], shape[-1]))  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+@pytest.mark.parametrize("shape, expanded", [((1, 8), (4, 8)), ((3, 1), (3, 5)), ((1, 6, 1), (2, 6, 3))])
+def test_broadcast_output_comes_back_broadcast(shape, expanded, dtype):
+    def f(x):
+        return (x * 3 + 1).expand(expanded)
+
+    x = torch.randint(-5, 5, shape).to(dtype)
+    out = check(f, x)
+    assert out.stride() == f(x).stride()
+    assert ember.metrics.graphs_failed == 0
+
+
+@pytest.mark.parametrize("batch, seq", [(2, 16), (3, 7)])
+def test_broadcast_indices_saved_for_backward(batch, seq):
+    # BERT-style position ids: a row computed from a buffer, expanded over the batch, saved (with
+    # eager's stride 0) for the embedding's backward
+    def f(table, positions, order):
+        ids = torch.gather(positions, 1, order).expand(batch, seq)
+        return torch.nn.functional.embedding(ids, table) * 2
+
+    positions, order = torch.arange(seq).view(1, seq), torch.randperm(seq).view(1, seq)
+    grads_match_float64_eager(f, torch.randn(seq, 8), positions, order)
+
+
 SCRIPT = (
     "import torch, ember\n"
     "f = torch.compile(lambda x: (x * 3).cos() + 1, backend='ember')\n"

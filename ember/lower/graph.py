@@ -24,7 +24,7 @@ from ember.errors import EmberError
 from ember.ir import Buffer, BufferRef, Layout, LoweredGraph, OutputSpec, contiguous_strides
 from ember.lower.context import MATMUL_OPS, LoweringContext, matmul_operand_layout
 from ember.lower.registry import FULL_PRECISION_ONLY, Unsupported, lookup
-from ember.lower.values import TensorValue, as_strided_read, load
+from ember.lower.values import TensorValue, as_strided_read, axis, const_index, load
 from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
 from ember.uop.ops import Ops
 
@@ -197,15 +197,58 @@ def _lower_outputs(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> list
 
 def _output_buffer(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue, taken: set[str]) -> BufferRef:
     """A view of an input where eager returns one; an intermediate buffer (or a view of it)
-    when no other output shares it; otherwise a fresh buffer in eager's layout."""
+    when no other output shares it and it has eager's strides; otherwise a fresh buffer in
+    eager's layout (Note: outputs in eager's layout)."""
     if _aliases_graph_input(node):
         return ctx.realize(value, node.name)
+    eager = _eager_output_layout(node.meta.get("val"), value.shape)
     read = as_strided_read(value)
-    if read is not None:  # a view of an intermediate nobody else sees: return the view, no copy
+    if read is not None and (eager is None or _same_strides(read[1], eager)):  # a view nobody else sees: no copy
         buffer = ctx.buffers[read[0]]
         if buffer.kind in ("computed", "extern") and buffer.name not in taken:
             return BufferRef(buffer.name, read[1], buffer.dtype)
-    return ctx.realize(value, node.name, _output_layout(node.meta.get("val"), value), fresh=True)
+    if eager is not None and 0 in eager.stride:
+        return _realize_broadcast(ctx, node.name, value, eager)
+    return ctx.realize(value, node.name, eager or Layout.contiguous(value.shape), fresh=True)
+
+
+# Note: outputs in eager's layout
+# AOTAutograd traces the backward graph with the forward outputs' fake tensors, so a tensor the
+# forward saves for backward must come back with exactly those strides: the backward's kernels
+# were generated for them (wrapper/runtime.py `assert_layout`). An output that is a view of an
+# intermediate buffer (cat with an empty operand is its other operand, a permuted matmul result)
+# is returned as that view only when its strides are eager's; otherwise it is copied into eager's
+# layout. A broadcast output (eager's `expand`, strides 0) is stored once per distinct element
+# and returned as the same broadcast view.
+
+
+def _eager_output_layout(meta: Any, shape: tuple[int, ...]) -> Layout | None:
+    """Eager's layout for an output when ember can give it: dense, up to broadcast (stride-0) dims."""
+    if not isinstance(meta, torch.Tensor) or tuple(meta.shape) != shape or 0 in shape:
+        return None
+    stride = tuple(meta.stride())
+    stored = [i for i, size in enumerate(shape) if size != 1 and stride[i] != 0]
+    expected = 1
+    for i in sorted(stored, key=lambda i: stride[i]):
+        if stride[i] != expected:
+            return None
+        expected *= shape[i]
+    return Layout(shape, stride)
+
+
+def _same_strides(a: Layout, b: Layout) -> bool:
+    return all(x == y or size == 1 for x, y, size in zip(a.stride, b.stride, a.size))
+
+
+def _realize_broadcast(ctx: LoweringContext, origin: str, value: TensorValue, layout: Layout) -> BufferRef:
+    """`value`, constant along the dims where `layout` has stride 0, stored once along them."""
+    broadcast = [i for i, (size, st) in enumerate(zip(value.shape, layout.stride)) if st == 0 and size != 1]
+    compact = value.reindex(
+        tuple(1 if i in broadcast else size for i, size in enumerate(value.shape)),
+        [const_index(0) if i in broadcast else axis(i) for i in range(value.ndim)],
+    )
+    ref = ctx.realize(compact, origin, Layout(compact.shape, layout.stride), fresh=True)
+    return BufferRef(ref.name, layout, ref.dtype)
 
 
 def _aliases_graph_input(node: torch.fx.Node) -> bool:
