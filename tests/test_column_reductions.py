@@ -73,6 +73,23 @@ def test_middle_axis_and_strided_inputs():
     assert ember.metrics.fallback_calls == 0
 
 
+def shared_norm_weight_grads(a, rows, b):
+    """A layer norm weight's gradient summed over two layers that share it (ALBERT): one sum has
+    lane accumulators, the other reads `rows` (broadcast along the lanes) and stays scalar, inside
+    the output's loop (Note: reductions before the loops that read them)."""
+    return (a * rows).sum((0, 1)) + b.sum((0, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(2, 16, 64), (4, 8, 32), (3, 5, 7)], ids=str)
+def test_scalar_and_lane_reductions_in_one_kernel(shape, dtype):
+    a, b = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+    check(shared_norm_weight_grads, a, torch.randn(*shape[:-1], 1, dtype=dtype), b, rtol=1e-4, atol=1e-4)
+    check(shared_norm_weight_grads, a.transpose(0, 1), torch.randn(shape[1], shape[0], 1, dtype=dtype),
+          b[:, :, :], rtol=1e-4, atol=1e-4)  # fmt: skip
+    assert ember.metrics.graphs_failed == 0 and ember.metrics.fallback_calls == 0
+
+
 def test_fused_column_normalization():
     x = _with_specials(torch.randn(300, 20))
     check(lambda x: (torch.softmax(x, 0), x - x.mean(0), torch.nn.functional.normalize(x, dim=0)), x, rtol=1e-4)

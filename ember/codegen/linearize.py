@@ -10,6 +10,15 @@ Note: scopes and loop nests
     a loop closed (a reduction result read outside its loop), values defined inside it
     die; if they are needed again they are recomputed in the new loop, which is correct
     by construction and rare.
+
+Note: reductions before the loops that read them
+    A column reduction's lane accumulators are declared outside the kernel's innermost loop and
+    read inside it (Note: lane accumulators, codegen/lanes.py); a scalar reduction in the same
+    kernel (`(a * n).sum((0, 1)) + b.sum((0, 1))`, n broadcast along the lanes: a layer norm
+    weight's gradient summed over two layers that share it) is declared inside that loop. Were
+    the loop opened for the scalar one first, the lane reduction would have to close it, and the
+    scalar result, declared and updated in it, could not be recomputed. Preferring the
+    shallowest scope runs every reduction declared outside a loop before the loop opens.
 """
 
 from __future__ import annotations
@@ -86,11 +95,16 @@ class _Linearizer:
         self.move_to([])
         return remove_dead_code(self.program)
 
-    def preference(self, u: UOp, position: int) -> tuple[int, int, int]:
+    def preference(self, u: UOp, position: int) -> tuple[int, int, int, int]:
+        """Fewest loops closed, then the shallowest scope (loop ranges around it, reduce loops not
+        counted), then the fewest loops, then program order. Scope before loops: a reduction
+        declared outside a loop runs before the loop opens (Note: reductions before the loops
+        that read them)."""
         target = self.stacks[u]
         common = self.common_prefix(target)
         closes = len(self.stack) - common
-        return (closes, len(target), position)
+        scope = sum(1 for r in target if not r.arg.reduce)
+        return (closes, scope, len(target), position)
 
     def common_prefix(self, target: list[UOp]) -> int:
         keep = 0
