@@ -33,9 +33,8 @@ def is_symbolic(example_inputs: list[Any]) -> bool:
     for x in example_inputs:
         if isinstance(x, SYMBOLIC):
             return True
-        if isinstance(x, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride())):
-            return True
-        if isinstance(x, torch.Tensor) and isinstance(x.storage_offset(), torch.SymInt):
+        sizes = (*x.shape, *x.stride(), x.storage_offset()) if isinstance(x, torch.Tensor) else ()
+        if any(isinstance(s, torch.SymInt) for s in sizes):
             return True
     return False
 

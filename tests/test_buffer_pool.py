@@ -136,8 +136,9 @@ def test_pool_off_allocates_fresh_buffers(monkeypatch):
 def test_empty_large_matches_empty_strided_shapes():
     for size, stride in [((3, 1 << 20), (1 << 20, 1)), ((1 << 20, 3), (1, 1 << 20)), ((0, 5), (5, 1)),
                          ((2, 1 << 21), (0, 1))]:  # fmt: skip
-        t = memory.empty_large(size, stride, torch.float32, huge_pages=True, pool_bytes=64 << 20)
         ref = torch.empty_strided(size, stride)
+        nbytes = ref.untyped_storage().nbytes()
+        t = memory.empty_large(size, stride, torch.float32, nbytes, huge_pages=True, pool_bytes=64 << 20)
         assert t.shape == ref.shape and t.stride() == ref.stride()
         assert t.untyped_storage().nbytes() >= ref.untyped_storage().nbytes()
         t.fill_(1.5)

@@ -259,15 +259,8 @@ def _aliases_graph_input(node: torch.fx.Node) -> bool:
 
 
 def _output_layout(meta: Any, value: TensorValue) -> Layout:
-    """Eager's strides when they are dense (so outputs match eager's layout), else row-major."""
-    if isinstance(meta, torch.Tensor) and tuple(meta.shape) == value.shape:
-        stride = tuple(meta.stride())
-        order = sorted(range(len(stride)), key=lambda i: stride[i])
-        expected, dense = 1, True
-        for i in order:
-            if value.shape[i] != 1 and stride[i] != expected:
-                dense = False
-            expected *= value.shape[i]
-        if dense and value.numel > 0:
-            return Layout(value.shape, stride)
-    return Layout(value.shape, contiguous_strides(value.shape))
+    """Eager's strides when they are dense, no dim broadcast (so outputs match eager's layout), else row-major."""
+    eager = _eager_output_layout(meta, value.shape)
+    if eager is None or any(st == 0 and n != 1 for n, st in zip(eager.size, eager.stride)):
+        return Layout(value.shape, contiguous_strides(value.shape))
+    return eager

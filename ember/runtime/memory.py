@@ -93,13 +93,6 @@ def empty_huge(size, stride, dtype: torch.dtype) -> torch.Tensor:
     return t
 
 
-def storage_bytes(size, stride, itemsize: int) -> int:
-    """The bytes a tensor of `size` and `stride` spans (empty_strided's storage)."""
-    if any(n == 0 for n in size):
-        return 0
-    return (1 + sum((n - 1) * s for n, s in zip(size, stride))) * itemsize
-
-
 def _use_count(storage: torch.UntypedStorage) -> int:
     return torch._C._storage_Use_Count(storage._cdata)
 
@@ -159,10 +152,10 @@ def release_pooled_buffers() -> None:
     POOL.release()
 
 
-def empty_large(size, stride, dtype: torch.dtype, huge_pages: bool, pool_bytes: int) -> torch.Tensor:
-    """`torch.empty_strided` on the CPU for a large buffer: a free pooled storage when one fits
-    (Note: pooled large buffers), else a fresh one, advised huge when `huge_pages`."""
-    nbytes = storage_bytes(size, stride, dtype.itemsize)
+def empty_large(size, stride, dtype: torch.dtype, nbytes: int, huge_pages: bool, pool_bytes: int) -> torch.Tensor:
+    """`torch.empty_strided` on the CPU for a large buffer of `nbytes` (its storage, known when the
+    wrapper is generated): a free pooled storage when one fits (Note: pooled large buffers), else a
+    fresh one, advised huge when `huge_pages`."""
     if pool_bytes <= 0 or nbytes == 0:
         return empty_huge(size, stride, dtype) if huge_pages else torch.empty_strided(size, stride, dtype=dtype)
     storage = POOL.take(nbytes, pool_bytes, huge_pages)

@@ -49,7 +49,8 @@ class Allocate:
         b = self.buffer
         size = b.layout.size
         if self.large:
-            return (f"{b.name} = empty_large({size}, {b.layout.stride}, {to_torch(b.dtype)}, "
+            nbytes = b.layout.storage_size * b.dtype.itemsize
+            return (f"{b.name} = empty_large({size}, {b.layout.stride}, {to_torch(b.dtype)}, {nbytes}, "
                     f"huge_pages={self.huge_pages}, pool_bytes={self.pool_bytes})")  # fmt: skip
         return f"{b.name} = empty_strided({size}, {b.layout.stride}, dtype={to_torch(b.dtype)}, device=_device)"
 
