@@ -86,23 +86,92 @@ def test_autograd_saved_tensors_are_not_reused_before_backward():
         torch.testing.assert_close(grad, want.float(), rtol=1e-4, atol=1e-5)
 
 
-def test_threads_running_one_graph_get_their_own_buffers():
-    f = compile_fn(chain)
-    f(torch.randn(N), torch.randn(N))  # compile once, before the threads start
-    failures = []
+def in_lockstep(monkeypatch, parties: int) -> None:
+    """Every thread enters `BufferPool.take` only once all have (so all see the same free
+    storages) and leaves it only once all have taken one: the interleaving in which a storage
+    checked free but not yet marked taken would be handed to two threads."""
+    barrier = threading.Barrier(parties, timeout=60)
+    take = memory.BufferPool.take
 
-    def worker(seed):
-        g = torch.Generator().manual_seed(seed)
-        for _ in range(8):
-            a, b = torch.randn(N, generator=g), torch.randn(N, generator=g)
-            if not torch.equal(f(a, b), chain(a, b)):
-                failures.append(seed)
+    def take_in_lockstep(self, *args, **kwargs):
+        barrier.wait()
+        taken = take(self, *args, **kwargs)
+        barrier.wait()
+        return taken
 
-    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    monkeypatch.setattr(memory.BufferPool, "take", take_in_lockstep)
+
+
+def run_threads(worker, count: int) -> None:
+    errors = []
+
+    def guarded(i):
+        try:
+            worker(i)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise errors[0]
+
+
+def test_two_threads_taking_at_once_never_share_a_free_storage(monkeypatch):
+    size, stride, nbytes = (N,), (1,), N * 4
+    memory.empty_large(size, stride, torch.float32, nbytes, huge_pages=False, pool_bytes=64 << 20)  # freed: pooled
+    in_lockstep(monkeypatch, 2)
+    taken = [None, None]
+
+    def worker(i):
+        taken[i] = memory.empty_large(size, stride, torch.float32, nbytes, huge_pages=False, pool_bytes=64 << 20)
+
+    run_threads(worker, 2)
+    assert taken[0].data_ptr() != taken[1].data_ptr()
+
+
+def test_threads_running_one_graph_get_their_own_buffers(monkeypatch):
+    f = compile_fn(chain)
+    f(torch.randn(N), torch.randn(N))  # compile once, before the threads start
+    threads, rounds = 4, 6
+    in_lockstep(monkeypatch, threads)
+    round_done = threading.Barrier(threads, timeout=60)
+    pointers: list[set] = [set() for _ in range(rounds)]
+
+    def worker(seed):
+        g = torch.Generator().manual_seed(seed)
+        for r in range(rounds):
+            a, b = torch.randn(N, generator=g), torch.randn(N, generator=g)
+            out = f(a, b)
+            pointers[r].add(out.data_ptr())
+            round_done.wait()  # every thread's output is still held here
+            assert torch.equal(out, chain(a, b)), f"thread {seed}, round {r}: another thread's values"
+            del out
+
+    run_threads(worker, threads)
+    assert all(len(p) == threads for p in pointers)
+
+
+def test_stress_many_threads_and_shapes_match_eager():
+    """No lockstep: many threads, two graphs and two buffer sizes, every result checked."""
+    f, g = compile_fn(chain), compile_fn(lambda a: (a * 3 - 1).repeat(2))
+    small, large = torch.randn(N), torch.randn(N)
+    f(small, large), g(small)  # compiled before the threads start
+    failures = []
+
+    def worker(seed):
+        gen = torch.Generator().manual_seed(seed)
+        for i in range(12):
+            a, b = torch.randn(N, generator=gen), torch.randn(N, generator=gen)
+            if seed % 2 == i % 2 and not torch.equal(f(a, b), chain(a, b)):
+                failures.append((seed, i, "chain"))
+            if seed % 2 != i % 2 and not torch.equal(g(a), (a * 3 - 1).repeat(2)):
+                failures.append((seed, i, "repeat"))
+
+    run_threads(worker, 8)
     assert not failures
 
 

@@ -29,7 +29,9 @@ Note: pooled large buffers
     `config.buffer_pool_mb` (lent and free together; over that, buffers are fresh as before),
     drops free storages of other sizes to make room, and `release_pooled_buffers()` empties it.
     A reused buffer holds old values where a fresh one holds zeros; `empty` promises neither,
-    and every kernel writes all of its output.
+    and every kernel writes all of its output. Graphs run on several threads at once: the pool
+    hands out a tensor made on the storage under its lock, so the use count that marks a storage
+    taken rises in the same step as the check that found it free.
 """
 
 from __future__ import annotations
@@ -97,6 +99,10 @@ def _use_count(storage: torch.UntypedStorage) -> int:
     return torch._C._storage_Use_Count(storage._cdata)
 
 
+def _tensor_on(storage: torch.UntypedStorage, size, stride, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype).set_(storage, 0, size, stride)
+
+
 class BufferPool:
     """Large CPU storages the wrapper lends out again once free (Note: pooled large buffers)."""
 
@@ -105,14 +111,16 @@ class BufferPool:
         self._storages: OrderedDict[int, list[torch.UntypedStorage]] = OrderedDict()  # by size, oldest first
         self.held_bytes = 0
 
-    def take(self, nbytes: int, limit_bytes: int, huge_pages: bool) -> torch.UntypedStorage:
-        """A storage of `nbytes` nothing else holds: a free pooled one, else a fresh one (pooled
-        when it fits under `limit_bytes`)."""
+    def take(self, nbytes: int, limit_bytes: int, huge_pages: bool, size, stride, dtype: torch.dtype) -> torch.Tensor:
+        """A tensor of `size` and `stride` on a storage of `nbytes` nothing else holds: a free pooled
+        one, else a fresh one (pooled when it fits under `limit_bytes`). The tensor is made under the
+        lock: its storage's use count rises before another thread can see it free (two threads
+        checking the count, then taking, would both take one storage)."""
         with self._lock:
             for storage in self._storages.get(nbytes, ()):
                 if _use_count(storage) == 1:
                     metrics.pooled_buffers_reused += 1
-                    return storage
+                    return _tensor_on(storage, size, stride, dtype)
             fresh = torch.UntypedStorage(nbytes)
             if huge_pages:
                 advise_huge_pages(torch.empty(0, dtype=torch.uint8).set_(fresh))
@@ -120,7 +128,7 @@ class BufferPool:
                 self._storages.setdefault(nbytes, []).append(fresh)
                 self._storages.move_to_end(nbytes)
                 self.held_bytes += nbytes
-            return fresh
+            return _tensor_on(fresh, size, stride, dtype)
 
     def _make_room(self, nbytes: int, limit_bytes: int) -> bool:
         """Drop free storages, least recently grown sizes first, until `nbytes` more fit."""
@@ -158,5 +166,4 @@ def empty_large(size, stride, dtype: torch.dtype, nbytes: int, huge_pages: bool,
     fresh one, advised huge when `huge_pages`."""
     if pool_bytes <= 0 or nbytes == 0:
         return empty_huge(size, stride, dtype) if huge_pages else torch.empty_strided(size, stride, dtype=dtype)
-    storage = POOL.take(nbytes, pool_bytes, huge_pages)
-    return torch.empty(0, dtype=dtype).set_(storage, 0, size, stride)
+    return POOL.take(nbytes, pool_bytes, huge_pages, size, stride, dtype)
