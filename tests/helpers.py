@@ -120,3 +120,27 @@ def transposed(shape: tuple[int, ...], dtype: torch.dtype = f32, seed: int = 0) 
 
 def indices(values, dtype: torch.dtype = i64) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype)
+
+
+# ---- threads -------------------------------------------------------------------------------
+
+
+def run_threads(worker: Callable[[int], None], count: int) -> None:
+    """`worker(i)` on `count` threads at once; the first exception a thread raised is raised here."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def guarded(i: int) -> None:
+        try:
+            worker(i)
+        except BaseException as e:  # noqa: BLE001 - reported by the calling thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(i,), name=f"worker-{i}") for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

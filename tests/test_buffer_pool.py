@@ -9,7 +9,7 @@ import torch
 
 import ember
 from ember.runtime import memory
-from tests.helpers import compile_fn
+from tests.helpers import compile_fn, run_threads
 
 N = 1 << 21  # 8 MiB of float32: a large buffer
 
@@ -100,24 +100,6 @@ def in_lockstep(monkeypatch, parties: int) -> None:
         return taken
 
     monkeypatch.setattr(memory.BufferPool, "take", take_in_lockstep)
-
-
-def run_threads(worker, count: int) -> None:
-    errors = []
-
-    def guarded(i):
-        try:
-            worker(i)
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 def test_two_threads_taking_at_once_never_share_a_free_storage(monkeypatch):

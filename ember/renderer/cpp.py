@@ -8,7 +8,9 @@ Note: kernel errors
     A kernel with CHECKs takes one more parameter, `int32_t* ember_error`; a failed check
     stores its code (1 + its position in `RenderedKernel.errors`) there and the kernel goes
     on with a safe value. The wrapper raises the matching Python exception after the call.
-    Racing threads store nonzero codes to one int: whichever lands, an error is reported.
+    Racing OpenMP threads store nonzero codes to one int: whichever lands, an error is
+    reported. The int is the wrapper call's own (`KernelErrorFlag`, made per call): Python
+    threads running one graph at once each read only what their own kernels reported.
 """
 
 from __future__ import annotations

@@ -37,7 +37,8 @@ Note: nested reductions
 Note: kernel errors on the GPU
     As on the CPU (Note: kernel errors, renderer/cpp.py) a failed CHECK computes on with
     its safe value and stores its code (1 + position in `errors`) in `ember_error[0]`, a
-    device int32 the wrapper reads after the graph ran. Only active lanes report: masked
+    device int32 of the call's own (`GpuErrorFlags`, made per call, so threads running one
+    graph never see each other's errors) the wrapper reads after the graph ran. Only active lanes report: masked
     tail lanes compute on padding and must not.
 """
 

@@ -117,10 +117,7 @@ def generate_wrapper(
 def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: list[L.Line],
                    device: torch.device, gpu_error_slots: int) -> str:  # fmt: skip
     head = [HEADER]
-    head.append("_error = KernelErrorFlag()")
     head.append(f"_device = torch.device({str(device)!r})")
-    if gpu_error_slots:
-        head.append(f"_gpu_errors = GpuErrorFlags({gpu_error_slots}, _device)")
     for k in {k.var: k for k in kernels.values()}.values():
         if k.triton is not None:
             head.append(f"{k.var} = load_triton_kernel({k.path!r}, {k.symbol!r}, **{k.triton!r})")
@@ -141,12 +138,24 @@ def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: 
     if names:
         call.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args")
     call.append("    args.clear()")
+    call += _error_flag_lines(kernels, gpu_error_slots)
     for c in graph.constants:
         cuda = device.type == "cuda"
         call.append(f"    {c} = constant_on(_constants, {c!r}, _device)" if cuda else f"    {c} = _constants[{c!r}]")
     for line in body:
         call += ["    " + text for text in line.render().splitlines() if text]
     return "\n".join(head + call) + "\n"
+
+
+def _error_flag_lines(kernels: dict[int, KernelBinary], gpu_error_slots: int) -> list[str]:
+    """The flags this call's kernels report errors in (Note: kernel errors, renderer/cpp.py), made
+    per call: threads running one graph at once must not see each other's errors."""
+    lines = []
+    if any(k.errors and k.triton is None for k in kernels.values()):
+        lines.append("    _error = KernelErrorFlag()")
+    if gpu_error_slots:
+        lines.append(f"    _gpu_errors = GpuErrorFlags({gpu_error_slots}, _device)")
+    return lines
 
 
 def _extern_lines(step: ExternCall, buffers: dict, graph: LoweredGraph, objects: list,

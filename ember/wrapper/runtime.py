@@ -84,7 +84,8 @@ def ensure_layout(t: torch.Tensor, size: tuple, stride: tuple) -> torch.Tensor:
 
 
 class KernelErrorFlag:
-    """The int a wrapper's kernels set when a check fails (Note: kernel errors, cpp.py)."""
+    """The int a call's C++ kernels set when a check fails (Note: kernel errors, cpp.py). Each
+    call of a wrapper makes its own, so threads running one graph never see each other's."""
 
     def __init__(self) -> None:
         self.flag = ctypes.c_int32(0)
@@ -93,29 +94,23 @@ class KernelErrorFlag:
     def check(self, errors: list[tuple[str, str]]) -> None:
         code = self.flag.value
         if code:
-            self.flag.value = 0
             kind, message = errors[code - 1]
             raise getattr(builtins, kind, RuntimeError)(f"{message} (reported by an ember kernel)")
 
 
 class GpuErrorFlags:
-    """One device int32 per Triton kernel that can fail (Note: kernel errors on the GPU,
-    renderer/triton.py), allocated on first use and read once at the end of each call."""
+    """One device int32 per Triton kernel of a call that can fail (Note: kernel errors on the GPU,
+    renderer/triton.py), made per call (threads running one graph each have theirs) and read once
+    at the end of it."""
 
     def __init__(self, slots: int, device: torch.device) -> None:
-        self.slots, self.device = slots, device
-        self.views: list[torch.Tensor] = []  # made at the first call: wrappers load under fake mode
+        self.flags = torch.zeros(slots, dtype=torch.int32, device=device)
 
     def slot(self, i: int) -> torch.Tensor:
-        if not self.views:
-            self.flags = torch.zeros(self.slots, dtype=torch.int32, device=self.device)
-            self.views = [self.flags[j : j + 1] for j in range(self.slots)]
-        return self.views[i]
+        return self.flags[i : i + 1]
 
     def check(self, errors: list[list[tuple[str, str]]]) -> None:
-        codes = self.flags.tolist()
-        for slot, code in enumerate(codes):
+        for slot, code in enumerate(self.flags.tolist()):
             if code:
-                self.flags.zero_()
                 kind, message = errors[slot][code - 1]
                 raise getattr(builtins, kind, RuntimeError)(f"{message} (reported by an ember kernel)")
