@@ -181,9 +181,20 @@ def _only_matmuls_read(node: torch.fx.Node) -> bool:
                for user in node.users)  # fmt: skip
 
 
+# Ops returning several views of their input, each picked by an `operator.getitem` node.
+MULTI_VIEW_OPS = {
+    torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default, torch.ops.aten.unbind.int,
+    torch.ops.aten.chunk.default, torch.ops.aten.tensor_split.sections, torch.ops.aten.tensor_split.indices,
+}  # fmt: skip
+
+
 def _lower_outputs(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> list[OutputSpec]:
     results, _ = tree_flatten(node.args[0])
-    outputs, realized = [], {}
+    realized: dict[torch.fx.Node, BufferRef] = {}
+    tensors = [r for r in results if isinstance(r, torch.fx.Node) and isinstance(env[r], TensorValue)]
+    for root, members in _outputs_sharing_a_base(tensors).items():  # Note: outputs that are views
+        realized |= _output_views(ctx, root, members, env, taken={r.name for r in realized.values()})
+    outputs = []
     for result in results:
         value = env[result] if isinstance(result, torch.fx.Node) else result
         if not isinstance(value, TensorValue):
@@ -253,9 +264,82 @@ def _realize_broadcast(ctx: LoweringContext, origin: str, value: TensorValue, la
 
 def _aliases_graph_input(node: torch.fx.Node) -> bool:
     """Does eager return a view of a graph input here? Then ember returns one too."""
-    while node.op == "call_function" and node.target in VIEW_OPS:
-        node = node.args[0]
-    return node.op == "placeholder"
+    return _view_chain(node)[0].op == "placeholder"
+
+
+def _view_chain(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The node whose memory eager's `node` views (itself when it is no view), then the view
+    ops from it down to `node` (a getitem of a split stands for the split and the pick)."""
+    chain = [node]
+    while (source := _viewed(chain[0])) is not None:
+        chain.insert(0, source)
+    return chain
+
+
+def _viewed(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The node `node` is a view of, if it is one."""
+    if node.op != "call_function":
+        return None
+    if node.target in VIEW_OPS:
+        return node.args[0]
+    parent = node.args[0] if node.target is operator.getitem else None
+    if isinstance(parent, torch.fx.Node) and parent.op == "call_function" and parent.target in MULTI_VIEW_OPS:
+        return parent.args[0]
+    return None
+
+
+# Note: outputs that are views
+# Eager returns `b, b[1:]` as a tensor and a view of it: a write through one shows in the other.
+# Lowering folds views into index expressions, so from values alone a view and a copy look alike
+# (`b[1:].clone()` reads b's buffer too); the FX graph tells them apart. Outputs whose chains of
+# view ops start at one node (the node itself among them, or two views of an intermediate nobody
+# returns) share that node's buffer, realized as an output is (eager's layout), and each view is
+# that buffer seen through the layout eager's own view ops give when replayed on meta tensors
+# laid out as the buffer (`_replayed_view`); a view whose strides would then differ from eager's
+# is copied instead, as before. Views of graph inputs come back as views of the inputs. Under
+# AOTAutograd's training graphs these aliases are rebuilt by its runtime wrapper anyway.
+
+
+def _outputs_sharing_a_base(outputs: list[torch.fx.Node]) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """Output nodes that eager returns as views of one computed node, by that node."""
+    groups: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for output in dict.fromkeys(outputs):
+        base = _view_chain(output)[0]
+        if base.op == "call_function":
+            groups.setdefault(base, []).append(output)
+    return {base: members for base, members in groups.items() if len(members) > 1}
+
+
+def _output_views(ctx: LoweringContext, base: torch.fx.Node, members: list[torch.fx.Node], env: dict,
+                  taken: set[str]) -> dict[torch.fx.Node, BufferRef]:  # fmt: skip
+    """Refs for output nodes that eager returns as views of `base` (Note: outputs that are views)."""
+    base_ref = _output_buffer(ctx, base, env[base], taken)
+    refs = {base: base_ref}
+    for member in members:
+        if member is base:
+            continue
+        layout = _replayed_view(_view_chain(member)[1:], base_ref.layout)
+        eager = member.meta.get("val")
+        if layout is None or (isinstance(eager, torch.Tensor) and not _same_strides(layout, Layout(
+                tuple(eager.shape), tuple(eager.stride())))):  # fmt: skip
+            refs[member] = _output_buffer(ctx, member, env[member], taken | {base_ref.name})
+        else:
+            refs[member] = BufferRef(base_ref.name, layout, base_ref.dtype)
+    return refs if base in members else {m: ref for m, ref in refs.items() if m is not base}
+
+
+def _replayed_view(views: list[torch.fx.Node], base: Layout) -> Layout | None:
+    """The layout eager's view ops `views` give when applied in turn to a tensor laid out as
+    `base`, computed by running them on a meta tensor; None when an op takes a tensor argument."""
+    t = torch.empty(base.storage_size, device="meta").as_strided(base.size, base.stride, base.offset)
+    for view in views:
+        op = view.args[0] if view.target is operator.getitem else view  # a split, then its piece
+        rest = (*op.args[1:], *op.kwargs.values())
+        if any(isinstance(a, torch.fx.Node) for a in tree_flatten(rest)[0]):
+            return None
+        t = op.target(t, *op.args[1:], **op.kwargs)
+        t = t[view.args[1]] if op is not view else t
+    return Layout(tuple(t.shape), tuple(t.stride()), t.storage_offset())
 
 
 def _output_layout(meta: Any, value: TensorValue) -> Layout:
