@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ember.ir import Buffer, BufferRef, ComputedBuffer, ExternCall, Layout, LoweredGraph, contiguous_strides
 from ember.lower.values import TensorValue, as_strided_read, load, reads_transposed
@@ -34,6 +34,25 @@ def matmul_operand_layout(x: TensorValue) -> Layout | None:
     strides = list(contiguous_strides(x.shape))
     strides[-2], strides[-1] = 1, x.shape[-2]
     return Layout(x.shape, tuple(strides))
+
+
+def dense_layout(meta: Any, shape: tuple[int, ...]) -> Layout | None:
+    """`meta`'s layout when it is a tensor of `shape` whose elements fill its storage once
+    (a permutation of a contiguous layout), else None."""
+    if not isinstance(meta, torch.Tensor) or tuple(meta.shape) != tuple(shape):
+        return None
+    expected = 1
+    for size, stride in sorted(zip(meta.shape, meta.stride()), key=lambda p: p[1]):
+        if size != 1:
+            if stride != expected:
+                return None
+            expected *= size
+    return Layout(tuple(shape), tuple(meta.stride()))
+
+
+def same_strides(a: Layout, b: Layout) -> bool:
+    """Equal strides wherever a dim has more than one element."""
+    return all(x == y or size == 1 for x, y, size in zip(a.stride, b.stride, a.size))
 
 
 @dataclass
@@ -75,16 +94,17 @@ class LoweringContext:
         ref = self.realize(x, origin)
         return load(self.buffers[ref.name], ref.layout)
 
-    def extern(self, op: Any, args: tuple, kwargs: dict, result_meta: Any, origin: str, fallback: bool) -> Any:
-        """Call aten `op` on realized arguments; returns TensorValues shaped like its result."""
+    def extern(self, op: Any, args: tuple, kwargs: dict, result_meta: Any, origin: str, fallback: bool,
+               argument_metas: tuple | None = None) -> Any:  # fmt: skip
+        """Call aten `op` on realized arguments; returns TensorValues shaped like its result.
+        `argument_metas`: the fake values eager's arguments had, as (args, kwargs) with a fake
+        tensor for each TensorValue (Note: extern arguments in eager's strides)."""
         matmul = getattr(op, "overloadpacket", op) in MATMUL_OPS
-
-        def to_ref(a: Any) -> Any:
-            if not isinstance(a, TensorValue):
-                return a
-            return self.realize(a, origin, matmul_operand_layout(a) if matmul else None)
-
-        args, kwargs = tree_map(to_ref, args), tree_map(to_ref, kwargs)
+        flat, spec = tree_flatten((args, kwargs))
+        metas = tree_flatten(argument_metas)[0] if argument_metas is not None else []
+        metas = metas if len(metas) == len(flat) else [None] * len(flat)
+        refs = [self._argument_ref(a, meta, origin, matmul) for a, meta in zip(flat, metas)]
+        args, kwargs = tree_unflatten(refs, spec)
         metas, _ = tree_flatten(result_meta)
         outputs = [self._extern_output(m) for m in metas if isinstance(m, torch.Tensor)]
         structure = "single" if isinstance(result_meta, torch.Tensor) else len(metas)
@@ -97,6 +117,24 @@ class LoweringContext:
             return values[0]
         it = iter(values)
         return tuple(next(it) if isinstance(m, torch.Tensor) else m for m in metas)
+
+    def _argument_ref(self, a: Any, meta: Any, origin: str, matmul: bool) -> Any:
+        """Note: extern arguments in eager's strides
+        Lowering folds a copy that only changes strides (`clone(x, memory_format=contiguous)`,
+        which AOTAutograd puts before aten ops whose kernels assume contiguous inputs, as
+        embedding_bag's indices) into a plain read of x, so the copy would vanish and the op
+        would get x's strides. An argument that is a plain read is passed as is only when its
+        strides are eager's (or eager's are not dense: eager passed a strided view too); otherwise
+        it is copied into eager's dense layout. Other arguments are realized contiguous (matmul
+        operands: Note: transposed matmul operands)."""
+        if not isinstance(a, TensorValue):
+            return a
+        if matmul:
+            return self.realize(a, origin, matmul_operand_layout(a))
+        read, eager = as_strided_read(a), dense_layout(meta, a.shape)
+        if read is not None and eager is not None and not same_strides(read[1], eager):
+            return self.realize(a, origin, eager, fresh=True)
+        return self.realize(a, origin)
 
     def _extern_output(self, meta: torch.Tensor) -> Buffer:
         dtype = from_torch(meta.dtype)

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten
 
 from ember.errors import EmberError
 from ember.ir import Buffer, BufferRef, Layout, LoweredGraph, OutputSpec, contiguous_strides
-from ember.lower.context import MATMUL_OPS, LoweringContext, matmul_operand_layout
+from ember.lower.context import MATMUL_OPS, LoweringContext, matmul_operand_layout, same_strides
 from ember.lower.registry import FULL_PRECISION_ONLY, Unsupported, lookup
 from ember.lower.values import TensorValue, as_strided_read, axis, const_index, load
 from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
@@ -116,7 +116,8 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
             raise EmberError("lower", f"{type(e).__name__}: {e}", f"{node.target} ({node.name})") from e
     if value is None:
         fallback = getattr(node.target, "overloadpacket", node.target) not in EXTERN_KERNELS
-        value = ctx.extern(node.target, args, kwargs, node.meta.get("val"), node.name, fallback=fallback)
+        metas = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+        value = ctx.extern(node.target, args, kwargs, node.meta.get("val"), node.name, fallback, metas)
     if isinstance(value, TensorValue):
         value = _maybe_realize(ctx, node, value)
     elif isinstance(value, tuple):
@@ -214,7 +215,7 @@ def _output_buffer(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue
         return ctx.realize(value, node.name)
     eager = _eager_output_layout(node.meta.get("val"), value.shape)
     read = as_strided_read(value)
-    if read is not None and (eager is None or _same_strides(read[1], eager)):  # a view nobody else sees: no copy
+    if read is not None and (eager is None or same_strides(read[1], eager)):  # a view nobody else sees: no copy
         buffer = ctx.buffers[read[0]]
         if buffer.kind in ("computed", "extern") and buffer.name not in taken:
             return BufferRef(buffer.name, read[1], buffer.dtype)
@@ -245,10 +246,6 @@ def _eager_output_layout(meta: Any, shape: tuple[int, ...]) -> Layout | None:
             return None
         expected *= shape[i]
     return Layout(shape, stride)
-
-
-def _same_strides(a: Layout, b: Layout) -> bool:
-    return all(x == y or size == 1 for x, y, size in zip(a.stride, b.stride, a.size))
 
 
 def _realize_broadcast(ctx: LoweringContext, origin: str, value: TensorValue, layout: Layout) -> BufferRef:
@@ -320,7 +317,7 @@ def _output_views(ctx: LoweringContext, base: torch.fx.Node, members: list[torch
             continue
         layout = _replayed_view(_view_chain(member)[1:], base_ref.layout)
         eager = member.meta.get("val")
-        if layout is None or (isinstance(eager, torch.Tensor) and not _same_strides(layout, Layout(
+        if layout is None or (isinstance(eager, torch.Tensor) and not same_strides(layout, Layout(
                 tuple(eager.shape), tuple(eager.stride())))):  # fmt: skip
             refs[member] = _output_buffer(ctx, member, env[member], taken | {base_ref.name})
         else:
