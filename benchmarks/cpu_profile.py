@@ -33,8 +33,8 @@ kernel_calls: collections.Counter[str] = collections.Counter()
 def timed_load_kernel(load: Callable) -> Callable:
     """`load_kernel` whose kernels add their CPU time to `kernel_ns` (wrappers import it when loaded)."""
 
-    def load_kernel(path: str, symbol: str, num_params: int):
-        fn = load(path, symbol, num_params)
+    def load_kernel(root: str, relative: str, sha256: str, symbol: str, num_params: int):
+        fn = load(root, relative, sha256, symbol, num_params)
 
         def call(*args):
             start = time.thread_time_ns()

@@ -2,14 +2,14 @@
 
 ember demo           compile a built-in program, show its kernel and wrapper, time it
 ember bench [...]    the side-by-side benchmark (eager, inductor, ember); flags as benchmarks/README.md
-ember cache clear    remove the on-disk cache (EMBER_CACHE_DIR or ~/.cache/ember)
-ember cache info     where the cache is and how big
+ember cache clear    remove what ember wrote in its cache folder (EMBER_CACHE_DIR or ~/.cache/ember),
+                     and nothing else (runtime/cache_clear.py)
+ember cache info     where the cache is, how big, and what in it is not ember's
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
@@ -38,15 +38,30 @@ def main(argv: list[str] | None = None) -> None:
 
         print(explain_script(args.script, args.args))
     elif args.command == "cache":
-        from ember.config import load
+        _cache(args.action)
 
-        folder = Path(load().cache_dir)
-        if args.action == "clear":
-            shutil.rmtree(folder, ignore_errors=True)
-            print(f"removed {folder}")
-        else:
-            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.exists() else 0
-            print(f"{folder}: {size / 1e6:.1f} MB")
+
+def _cache(action: str) -> None:
+    from ember.config import load
+    from ember.runtime.cache_clear import NotAnEmberCache, clear, describe_removed, ember_contents
+
+    folder = Path(load().cache_dir).expanduser().absolute()
+    if not folder.exists():
+        print(f"{folder}: no cache there")
+        return
+    try:
+        contents = ember_contents(folder)
+        size = contents.bytes
+        if action == "clear":
+            print(describe_removed(clear(folder), size))
+            return
+    except NotAnEmberCache as e:
+        raise SystemExit(f"ember cache {action}: {e}") from None
+    files = sum(len(paths) for paths in contents.files.values())
+    print(
+        f"{folder}: {files} files, {size / 1e6:.1f} MB"
+        + (f"; not ember's: {len(contents.foreign)}" if contents.foreign else "")
+    )
 
 
 def _bench(argv: list[str]) -> None:

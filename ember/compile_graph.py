@@ -12,7 +12,6 @@ wrapper   -> Python `call(args)`, written to the cache and imported
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -38,8 +37,9 @@ from ember.metrics import metrics
 from ember.passes import run_passes
 from ember.renderer.cpp import RenderedKernel, render
 from ember.runtime import graph_cache
-from ember.runtime.cache import content_hash
-from ember.runtime.cpu import CompiledKernel, compile_cpp, compiler_identity, simd_math_functions
+from ember.runtime.cache import CacheDirectoryError, open_root
+from ember.runtime.cache_identity import graph_identity
+from ember.runtime.cpu import CompiledKernel, compile_cpp, kernel_identity, simd_math_functions
 from ember.runtime.search import machine_identity
 from ember.schedule import KernelStep, graph_last_uses, schedule
 from ember.wrapper.python import KernelBinary, WrapperSource, generate_wrapper, load_wrapper
@@ -60,10 +60,10 @@ def stage(name: str, timings: dict[str, float]) -> Iterator[None]:
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config) -> Callable:
-    cache_dir = Path(config.cache_dir)
+    cache_dir = open_root(config.cache_dir)  # refuses a folder others could put code in (Note: cache safety)
     received = gm.print_readable(print_output=False) if config.debug else ""
     timings: dict[str, float] = {}
-    versions = f"{ember_source_hash()} {compiler_identity(config.cxx)} {simd_math_functions()}"
+    versions = graph_identity(kernel_identity(config.cxx))
     # Note: the graph cache key and the passes. ember's own passes are a function of the graph,
     # the config and ember's source, all in the key: without user hooks the graph is keyed as
     # received, and a hit skips the passes too. A user's hook may do anything, so with hooks
@@ -168,15 +168,20 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
 
 
 def _load_cached(gm: torch.fx.GraphModule, key: str, config: Config) -> Callable | None:
+    """The graph of `key` from the cache, or None. Any failure while loading it (a damaged or
+    foreign entry, a kernel that is gone or fails its checksum) discards the entry and the
+    graph is compiled again (Note: cache safety)."""
     cache_dir = Path(config.cache_dir)
-    entry = graph_cache.load(cache_dir, key)
-    if entry is None:
-        return None
-    source, objects, summary = entry
     try:
+        entry = graph_cache.load(cache_dir, key)
+        if entry is None:
+            return None
+        source, objects, summary = entry
         call, path = load_wrapper(WrapperSource(source, objects), graph_cache.graph_constants(gm), cache_dir)
-    except OSError:  # a kernel it loads is gone: rebuild the whole graph
-        graph_cache.discard(cache_dir, key)
+    except CacheDirectoryError:
+        raise
+    except Exception as e:
+        graph_cache.discard_entry(cache_dir, key, e)
         return None
     metrics.graph_cache_hits += 1
     return _finish(call, path, summary)
@@ -201,13 +206,6 @@ def _record(summary, timings: dict[str, float]) -> None:
     metrics.fallback_calls += len(summary.fallback_ops)
     metrics.fallback_ops.update(summary.fallback_ops)
     metrics.pass_rewrites.update(summary.pass_rewrites)
-
-
-@functools.cache
-def ember_source_hash() -> str:
-    """ember's version and a hash of its source: a graph cached by other code is never served."""
-    root = Path(ember.__file__).parent
-    return content_hash(ember.__version__, *(p.read_text() for p in sorted(root.rglob("*.py"))))
 
 
 def _has_work(step) -> bool:
@@ -278,7 +276,8 @@ class KernelBuilder:
             metrics.code_cache_misses += not result.cache_hit
             # identical kernels share one loaded function: the symbol is a content hash
             errors = tuple((e.error, e.message) for e in kernel.errors)
-            binaries[i] = KernelBinary(result.symbol, str(result.path), result.symbol, ast.params, errors, ast.inplace)
+            binaries[i] = KernelBinary(result.symbol, result.relative, result.symbol, ast.params, errors, ast.inplace,
+                                       sha256=result.sha256)  # fmt: skip
         return binaries
 
 

@@ -24,8 +24,9 @@ from ember.metrics import metrics
 from ember.renderer.choices import KernelChoices, search_space
 from ember.renderer.cpp import MATH_CALLS, UNARY_CALLS, RenderedKernel
 from ember.renderer.vector_math import vector_math_call
+from ember.runtime.cache import open_root, relative_to_root
 from ember.runtime.cpu import compile_cpp, simd_math_functions
-from ember.runtime.search import read_winner, record_path, wide_default_vectors
+from ember.runtime.search import read_winner, wide_default_vectors, winner_record
 from ember.uop.dtypes import DType
 from ember.uop.ops import Ops, UOp
 from ember.wrapper.python import KernelBinary
@@ -109,10 +110,10 @@ def compile_candidates(binaries: dict[int, KernelBinary], rendered: dict, config
     cache_dir = Path(config.cache_dir)
     plans = {i: kernel.search for i, (kernel, _) in rendered.items() if kernel.search is not None}
     chosen: dict[int, list[int]] = {}
-    records: dict[int, Path] = {}
+    records: dict[int, tuple[Path, str]] = {}
     for i, plan in plans.items():
-        records[i] = record_path(cache_dir, plan.candidates[0][1], ember.__version__)
-        found = read_winner(records[i], [dataclasses.asdict(c) for c, _ in plan.candidates])
+        records[i] = winner_record(cache_dir, plan.candidates[0][1], ember.__version__)
+        found = read_winner(*records[i], [dataclasses.asdict(c) for c, _ in plan.candidates])
         metrics.search_winners_loaded += found is not None
         chosen[i] = list(range(len(plan.candidates))) if found is None else [found]
         for j, (choices, source) in enumerate(plan.candidates[1:], 1):
@@ -128,13 +129,16 @@ def compile_candidates(binaries: dict[int, KernelBinary], rendered: dict, config
     result = dict(binaries)
     for i, js in chosen.items():
         if len(js) == 1:  # the recorded winner
-            result[i] = dataclasses.replace(binaries[i], path=str(compiled[(i, js[0])].path))
+            winner = compiled[(i, js[0])]
+            result[i] = dataclasses.replace(binaries[i], path=winner.relative, sha256=winner.sha256)
             continue
-        candidates = [[dataclasses.asdict(plans[i].candidates[j][0]), str(compiled[(i, j)].path),
-                       compiled[(i, j)].symbol] for j in js]  # fmt: skip
+        candidates = [[dataclasses.asdict(plans[i].candidates[j][0]), compiled[(i, j)].relative,
+                       compiled[(i, j)].sha256, compiled[(i, j)].symbol] for j in js]  # fmt: skip
         debug_file = str(debug.folder / "search" / f"{rendered[i][0].name}.txt") if debug.enabled else ""
         plan = plans[i]
-        search = {"candidates": candidates, "record": str(records[i]), "extents": list(plan.extents),
+        record, record_key = records[i]
+        search = {"candidates": candidates, "record": relative_to_root(open_root(cache_dir), record),
+                  "record_key": record_key, "extents": list(plan.extents),
                   "rereads": plan.rereads, "errors": bool(binaries[i].errors), "debug_file": debug_file}  # fmt: skip
         result[i] = dataclasses.replace(binaries[i], search=search)
     return result

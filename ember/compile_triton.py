@@ -64,7 +64,7 @@ def compile_triton_kernels(rendered: dict[int, tuple[TritonKernel, tuple[str, ..
     """Writes each module into the cache; Triton compiles on first launch (runtime/triton.py)."""
     binaries = {}
     for i, (kernel, params) in rendered.items():
-        path, cached = write_module(kernel.source, Path(config.cache_dir), interpret, ember.__version__)
+        path, sha256, cached = write_module(kernel.source, Path(config.cache_dir), interpret, ember.__version__)
         metrics.code_cache_hits += cached
         metrics.code_cache_misses += not cached
         errors = tuple((e.error, e.message) for e in kernel.errors)
@@ -73,5 +73,5 @@ def compile_triton_kernels(rendered: dict[int, tuple[TritonKernel, tuple[str, ..
                   "written": written, "interpret": interpret, "autotune": config.autotune}  # fmt: skip
         if kernel.xextent > kernel.xnumel:  # Note: nested reductions (renderer/triton.py)
             launch["xextent"] = kernel.xextent
-        binaries[i] = KernelBinary(kernel.name, str(path), kernel.name, params, errors, triton=launch)
+        binaries[i] = KernelBinary(kernel.name, path, kernel.name, params, errors, triton=launch, sha256=sha256)
     return binaries

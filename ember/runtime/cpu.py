@@ -1,21 +1,41 @@
 """Stage `runtime` (CPU): compile C++ kernels with gcc, cache them on disk, load with ctypes.
 
-The cache key is a hash of the source, the compiler's version and flags, and ember's
-version, so a change to any of them builds a new entry (Note: cache safety).
+A kernel's entry (Note: cache safety, cache.py) is three files in `kernels/<key[:2]>/`:
+`<key>.cpp` (gcc's input, for people), `<key>-<sha256[:16]>.so` (named by its contents, so
+concurrent writers of one key never replace each other's file) and `<key>.json`, recording
+the key and the .so's name and sha256. The key hashes the source with everything else the
+shared object depends on (`kernel_identity`: compiler, flags, CPU, libmvec). A .so is
+loaded only after its bytes match the recorded checksum.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from ember.errors import EmberError
-from ember.runtime.cache import content_hash, entry_path, temp_path_beside, write_atomic
+from ember.runtime.cache import (
+    CacheDirectoryError,
+    CorruptEntry,
+    content_hash,
+    discard,
+    entry_folder,
+    install,
+    open_root,
+    read_entry,
+    read_verified,
+    relative_to_root,
+    resolve_in_root,
+    sha256_bytes,
+    temp_path_beside,
+    write_atomic,
+    write_entry,
+)
+from ember.runtime import cache_identity
 
 # -fno-trapping-math: kernels never read the floating-point exception flags, and without it
 # gcc will not if-convert a select whose arm widens a float (`c ? 0.0f : x` summed in double
@@ -26,54 +46,78 @@ FLAGS = (
 )  # fmt: skip
 
 
-@functools.cache
-def compiler_identity(compiler: str) -> str:
-    try:
-        return subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise EmberError("runtime", f"C++ compiler {compiler!r} is not usable ({e}); set EMBER_CXX") from e
+def kernel_identity(compiler: str) -> str:
+    """Everything besides its source that a kernel's shared object depends on."""
+    compiler_version, cpu = cache_identity.compiler_identity(compiler), cache_identity.cpu_identity()
+    return content_hash(compiler_version, " ".join(FLAGS), repr(simd_math_functions()), cpu)
 
 
 @dataclass(frozen=True)
 class CompiledKernel:
-    path: Path
+    path: Path  # absolute
     symbol: str
     cache_hit: bool
+    relative: str = ""  # `path` relative to the cache root (what wrappers hold)
+    sha256: str = ""  # of the shared object, checked before each process loads it
 
 
 def compile_cpp(source: str, symbol: str, cache_dir: Path, compiler: str, version: str) -> CompiledKernel:
     """The shared object for `source`, from the cache or built now."""
-    key = content_hash(source, compiler_identity(compiler), " ".join(FLAGS), repr(simd_math_functions()), version)
-    so_path = entry_path(cache_dir, "kernels", key, ".so")
-    if so_path.exists() and _loads(so_path):
-        return CompiledKernel(so_path, symbol, cache_hit=True)
-    cpp_path = so_path.with_suffix(".cpp")
+    root = open_root(cache_dir)
+    key = content_hash(source, kernel_identity(compiler), version)
+    folder = entry_folder(root, "kernels", key)
+    cached = _cached_kernel(root, folder, key, symbol)
+    if cached is not None:
+        return cached
+    return _build_kernel(root, folder, key, source, symbol, compiler)
+
+
+def _cached_kernel(root: Path, folder: Path, key: str, symbol: str) -> CompiledKernel | None:
+    """The entry of `key`, verified and loaded; None (the entry discarded) when it fails."""
+    record_path, so_path = folder / f"{key}.json", None
+    try:
+        record = read_entry(record_path, key)
+        if record is None:
+            return None
+        so_path = folder / _plain_name(record["file"])
+        getattr(load_verified_library(so_path, record["sha256"]), symbol)
+        return CompiledKernel(so_path, symbol, True, relative_to_root(root, so_path), record["sha256"])
+    except CacheDirectoryError:
+        raise
+    except Exception as e:  # anything: the entry is rebuilt
+        discard(e, record_path, *([so_path] if so_path is not None else []))
+        return None
+
+
+def _plain_name(name: object) -> str:
+    if not isinstance(name, str) or "/" in name or name.startswith("."):
+        raise CorruptEntry(f"{name!r} is not a file name")
+    return name
+
+
+def _build_kernel(root: Path, folder: Path, key: str, source: str, symbol: str, compiler: str) -> CompiledKernel:
+    cpp_path = folder / f"{key}.cpp"
     write_atomic(cpp_path, source)
-    tmp = temp_path_beside(so_path, ".so")
+    tmp = temp_path_beside(folder / f"{key}.so", ".so")
     try:
         libraries = ["-lmvec"] if simd_math_functions() else []
         command = [compiler, *FLAGS, str(cpp_path), "-o", str(tmp), *libraries]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise EmberError("runtime", f"gcc failed on {cpp_path}:\n{result.stderr[-4000:]}", symbol)
-        os.replace(tmp, so_path)
+        sha256 = sha256_bytes(tmp.read_bytes())
+        so_path = folder / f"{key}-{sha256[:16]}.so"
+        install(tmp, so_path)
     finally:
         tmp.unlink(missing_ok=True)
-    return CompiledKernel(so_path, symbol, cache_hit=False)
+    write_entry(folder / f"{key}.json", key, {"file": so_path.name, "sha256": sha256, "source": cpp_path.name})
+    return CompiledKernel(so_path, symbol, False, relative_to_root(root, so_path), sha256)
 
 
-def _loads(path: Path) -> bool:
-    """A cached entry that the loader rejects is corrupt: remove it so it is rebuilt."""
-    try:
-        load_library(str(path))
-        return True
-    except OSError:
-        path.unlink(missing_ok=True)
-        return False
-
-
-# Owned by this module: each shared object is loaded once per process.
+# Owned by this module: each shared object is loaded once per process; `_verified` holds
+# the (path, sha256) pairs whose bytes were checked before their load.
 _libraries: dict[str, ctypes.CDLL] = {}
+_verified: set[tuple[str, str]] = set()
 _libraries_lock = threading.Lock()
 
 
@@ -84,8 +128,28 @@ def load_library(path: str) -> ctypes.CDLL:
         return _libraries[path]
 
 
+def load_verified_library(path: Path, sha256: str) -> ctypes.CDLL:
+    """The shared object at `path`, loaded only when its bytes have checksum `sha256`
+    (a truncated file would crash the process with SIGBUS; another one would run other code)."""
+    with _libraries_lock:
+        if (str(path), sha256) not in _verified:
+            read_verified(path, sha256)
+            _libraries[str(path)] = ctypes.CDLL(str(path))
+            _verified.add((str(path), sha256))
+        return _libraries[str(path)]
+
+
 def load_kernel(path: str, symbol: str, num_params: int) -> ctypes._CFuncPtr:
-    fn = getattr(load_library(path), symbol)
+    return _bind(load_library(path), symbol, num_params)
+
+
+def load_cached_kernel(root: str, relative: str, sha256: str, symbol: str, num_params: int) -> ctypes._CFuncPtr:
+    """A kernel as a wrapper names it: its path relative to the cache root and its checksum."""
+    return _bind(load_verified_library(resolve_in_root(root, relative), sha256), symbol, num_params)
+
+
+def _bind(library: ctypes.CDLL, symbol: str, num_params: int) -> ctypes._CFuncPtr:
+    fn = getattr(library, symbol)
     fn.argtypes = [ctypes.c_void_p] * num_params
     fn.restype = None
     return fn

@@ -1,16 +1,14 @@
 """The graph cache: a graph compiled before (same FX code, input metadata, constants,
-config and versions) is loaded from disk in a new process, skipping lowering, scheduling,
-codegen and gcc. An entry is the wrapper's source, its non-literal objects and a summary
-for metrics and `ember explain`; written atomically (Note: cache safety), and an entry
-that fails to load (corrupt, or a kernel file removed) is deleted and rebuilt.
+config, ember's source, versions, compiler and CPU) is loaded from disk in a new process,
+skipping lowering, scheduling, codegen and gcc. An entry (`graphs/<key[:2]>/<key>.json`,
+Note: cache safety) records its key and checksum and holds the wrapper's source, its
+non-literal objects in plain JSON (aten ops by name: no pickles) and a summary for metrics
+and `ember explain`. An entry that fails to load is discarded and rebuilt (compile_graph).
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import json
-import pickle
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from ember.runtime.cache import content_hash, entry_path, write_atomic
+from ember.runtime.cache import CorruptEntry, content_hash, discard, entry_path, log, read_entry, write_entry
 
 
 @dataclass
@@ -34,12 +32,13 @@ class GraphSummary:
     tiled_kernels: int = 0  # C++ kernels with 2-D tiles (codegen/tiling.py)
 
 
-def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], config_key: str, versions: str) -> str:
+def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], config_key: str, identity: str) -> str:
+    """`identity`: what the graph depends on besides itself and the config (cache_identity.py)."""
     inputs = [
         (tuple(x.shape), tuple(x.stride()), str(x.dtype), str(x.device)) if isinstance(x, torch.Tensor) else repr(x)
         for x in example_inputs
     ]
-    return content_hash(gm.code, repr(inputs), _constants_digest(gm), config_key, versions, torch.__version__)
+    return content_hash(gm.code, repr(inputs), _constants_digest(gm), config_key, identity)
 
 
 def _constants_digest(gm: torch.fx.GraphModule) -> str:
@@ -62,25 +61,61 @@ def graph_constants(gm: torch.fx.GraphModule) -> dict[str, torch.Tensor]:
 
 def store(cache_dir: Path, key: str, source: str, objects: list, summary: GraphSummary) -> None:
     try:
-        packed = base64.b64encode(pickle.dumps(objects)).decode()
-    except Exception:  # an object with no pickle: this graph is simply not cached
+        encoded = [encode_object(o) for o in objects]
+    except Unencodable as e:  # this graph is simply not cached
+        log.debug("cache: graph %s not stored: %s", key[:16], e)
         return
-    entry = {"source": source, "objects": packed, "summary": asdict(summary)}
-    write_atomic(entry_path(cache_dir, "graphs", key, ".json"), json.dumps(entry))
+    entry = {"source": source, "objects": encoded, "summary": asdict(summary)}
+    write_entry(entry_path(cache_dir, "graphs", key, ".json"), key, entry)
 
 
 def load(cache_dir: Path, key: str) -> tuple[str, list, GraphSummary] | None:
-    path = entry_path(cache_dir, "graphs", key, ".json")
-    if not path.exists():
+    """The entry of `key`, or None when there is none; raises when it fails its checks
+    (the caller discards it: any failure while loading rebuilds the graph)."""
+    entry = read_entry(entry_path(cache_dir, "graphs", key, ".json"), key)
+    if entry is None:
         return None
-    try:
-        entry = json.loads(path.read_text())
-        objects = pickle.loads(base64.b64decode(entry["objects"]))
-        return entry["source"], objects, GraphSummary(**entry["summary"])
-    except Exception:
-        discard(cache_dir, key)
-        return None
+    objects = [decode_object(o) for o in entry["objects"]]
+    return entry["source"], objects, GraphSummary(**entry["summary"])
 
 
-def discard(cache_dir: Path, key: str) -> None:
-    entry_path(cache_dir, "graphs", key, ".json").unlink(missing_ok=True)
+def discard_entry(cache_dir: Path, key: str, reason: BaseException) -> None:
+    discard(reason, entry_path(cache_dir, "graphs", key, ".json"))
+
+
+# ---- the wrapper's objects as plain JSON ----------------------------------------------------
+
+
+class Unencodable(Exception):
+    pass
+
+
+def encode_object(value: Any) -> dict:
+    """A wrapper object (an op that is not an aten OpOverload literal) as JSON: by name."""
+    if isinstance(value, torch._ops.OpOverload):
+        encoded: dict = {"op": value._schema.name, "overload": value._overloadname}
+    elif isinstance(value, torch._ops.OpOverloadPacket):
+        encoded = {"op": value._qualified_op_name}
+    elif isinstance(value, torch._ops.HigherOrderOperator):
+        encoded = {"higher_order": value.name()}
+    elif isinstance(value, complex):
+        encoded = {"complex": [value.real, value.imag]}
+    else:
+        raise Unencodable(f"no plain encoding for a {type(value).__name__}")
+    decoded = decode_object(encoded)
+    if decoded is not value and decoded != value:
+        raise Unencodable(f"{value!r} does not come back by name")
+    return encoded
+
+
+def decode_object(encoded: dict) -> Any:
+    if "complex" in encoded:
+        real, imag = encoded["complex"]
+        return complex(real, imag)
+    if "higher_order" in encoded:
+        return getattr(torch.ops.higher_order, encoded["higher_order"])
+    if "op" in encoded:
+        namespace, name = encoded["op"].split("::")
+        packet = getattr(getattr(torch.ops, namespace), name)
+        return getattr(packet, encoded["overload"] or "default") if "overload" in encoded else packet
+    raise CorruptEntry(f"unknown object encoding {encoded!r}")

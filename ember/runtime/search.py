@@ -18,18 +18,16 @@ Note: kernel search
          noise must not pick), records it on disk, rebinds the wrapper's name to it (later
          calls go straight to the compiled function) and runs it on the real arguments.
     The record is keyed by the default source (shapes, dtypes and strides are in it), the
-    machine (CPU model, OpenMP threads) and ember's version, written atomically (Note:
-    cache safety); a record that is missing, unreadable or names no candidate is ignored
-    and rewritten by a new search. A compile that finds a record compiles the winner alone,
+    machine (CPU model, OpenMP threads) and ember's version, and records its key and
+    checksum (Note: cache safety); a record that is missing, damaged or names no candidate
+    is ignored and rewritten by a new search. A compile that finds a record compiles the winner alone,
     and a wrapper loaded from the graph cache reads it when it loads: neither searches.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
-import platform
 import statistics
 import threading
 import time
@@ -40,8 +38,17 @@ from typing import Any
 import torch
 
 from ember.metrics import metrics
-from ember.runtime.cache import content_hash, entry_path, read_record, write_record
-from ember.runtime.cpu import load_kernel
+from ember.runtime.cache import (
+    CacheDirectoryError,
+    content_hash,
+    discard,
+    entry_path,
+    read_entry,
+    resolve_in_root,
+    write_entry,
+)
+from ember.runtime.cache_identity import cpu_info
+from ember.runtime.cpu import load_cached_kernel
 
 SEARCH_MARGIN = 0.03  # a candidate replaces the default when its median is this much lower
 BUDGET_S = 0.25  # timing per kernel, about (at least MIN_ROUNDS rounds)
@@ -49,22 +56,6 @@ MIN_ROUNDS, MAX_ROUNDS = 3, 25
 
 
 # ---- the machine a winner holds for ---------------------------------------------------------
-
-
-@functools.cache
-def cpu_info() -> tuple[str, frozenset[str]]:
-    """(model name, flags) of the host's CPU."""
-    model, flags = "", frozenset[str]()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = (part.strip() for part in line.partition(":"))
-            if key == "model name" and not model:
-                model = value
-            elif key == "flags" and not flags:
-                flags = frozenset(value.split())
-    except OSError:
-        pass
-    return model or platform.processor() or platform.machine(), flags
 
 
 def openmp_threads() -> int:
@@ -87,20 +78,29 @@ def wide_default_vectors() -> bool:
 # ---- winner records -------------------------------------------------------------------------
 
 
-def record_path(cache_dir: Path, default_source: str, version: str) -> Path:
-    return entry_path(cache_dir, "search", content_hash(default_source, machine_identity(), version), ".json")
+def winner_record(cache_dir: Path, default_source: str, version: str) -> tuple[Path, str]:
+    """Where the winner of a kernel's search on this machine is recorded, and its key."""
+    key = content_hash(default_source, machine_identity(), version)
+    return entry_path(cache_dir, "search", key, ".json"), key
 
 
-def read_winner(path: Path, candidates: list[dict]) -> int | None:
+def read_winner(path: Path, key: str, candidates: list[dict]) -> int | None:
     """The position of the recorded winner among `candidates` (choices as dicts), or None
-    when there is no usable record (missing, unreadable, or naming none of them)."""
-    record = read_record(path)
+    when there is no usable record (missing, damaged, another key's, or naming none of them:
+    a damaged one is discarded, Note: cache safety)."""
+    try:
+        record = read_entry(path, key)
+    except CacheDirectoryError:
+        raise
+    except Exception as e:
+        discard(e, path)
+        return None
     winner = record.get("winner") if isinstance(record, dict) else None
     return candidates.index(winner) if winner in candidates else None
 
 
-def write_winner(path: Path, winner: dict, report: list[dict]) -> None:
-    write_record(path, {"winner": winner, "machine": machine_identity(), "candidates": report})
+def write_winner(path: Path, key: str, winner: dict, report: list[dict]) -> None:
+    write_entry(path, key, {"winner": winner, "machine": machine_identity(), "candidates": report})
 
 
 # ---- the search at the first call -----------------------------------------------------------
@@ -109,15 +109,16 @@ def write_winner(path: Path, winner: dict, report: list[dict]) -> None:
 def search_cpu_kernel(namespace: dict, var: str, num_params: int, spec: dict) -> Callable:
     """What a wrapper binds to `var` for a searched kernel: the recorded winner's compiled
     function, or a `KernelSearch` that finds it at the first call (Note: kernel search)."""
-    choices = [c for c, _, _ in spec["candidates"]]
-    found = read_winner(Path(spec["record"]), choices)
+    root = namespace["_cache_root"]  # paths in `spec` are relative to it (Note: cache safety)
+    choices = [c for c, _, _, _ in spec["candidates"]]
+    found = read_winner(resolve_in_root(root, spec["record"]), spec["record_key"], choices)
     if found is not None:
         metrics.search_winners_loaded += 1
-        _, path, symbol = spec["candidates"][found]
-        return load_kernel(path, symbol, num_params)
+        _, path, sha256, symbol = spec["candidates"][found]
+        return load_cached_kernel(root, path, sha256, symbol, num_params)
     # loaded now: a candidate removed from the cache fails the wrapper's load (which the
     # graph cache handles by compiling again), not its first call
-    functions = [load_kernel(path, symbol, num_params) for _, path, symbol in spec["candidates"]]
+    functions = [load_cached_kernel(root, p, sha256, symbol, num_params) for _, p, sha256, symbol in spec["candidates"]]
     return KernelSearch(namespace, var, functions, spec)
 
 
@@ -148,8 +149,9 @@ class KernelSearch:
         metrics.kernel_searches += 1
         metrics.search_candidates_timed += len(times)
         report = [{"choices": c, "verified": i in verified, "median_us": medians.get(i, 0.0) * 1e6,
-                   "samples": len(times.get(i, []))} for i, (c, _, _) in enumerate(candidates)]  # fmt: skip
-        write_winner(Path(self.spec["record"]), candidates[winner][0], report)
+                   "samples": len(times.get(i, []))} for i, (c, _, _, _) in enumerate(candidates)]  # fmt: skip
+        record = resolve_in_root(self.namespace["_cache_root"], self.spec["record"])
+        write_winner(record, self.spec["record_key"], candidates[winner][0], report)
         if self.spec.get("debug_file"):
             _dump(Path(self.spec["debug_file"]), self.var, report, winner)
         return functions[winner]

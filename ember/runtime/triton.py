@@ -1,8 +1,8 @@
 """Stage `runtime` (GPU): Triton kernels written into the cache, imported, tuned and launched.
 
 Triton compiles a `@triton.jit` function from its source file, so each rendered module is
-written into the cache (atomically, Note: cache safety) and imported from there, as the
-wrapper is. A `TritonLauncher` is what the wrapper calls: on the first call it picks a
+written into the cache (Note: cache safety) and run from its verified bytes, with the file
+as its `__file__`, as the wrapper is. A `TritonLauncher` is what the wrapper calls: on the first call it picks a
 launch configuration (variant, block sizes, warps), from the tuning record stored beside
 the module or by timing a few candidates, and then launches on the current stream with a
 grid computed from the x extent.
@@ -14,16 +14,29 @@ is fixed: small blocks, so both reduction variants run in tests.
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
+import linecache
 import sys
 import threading
+import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ember.runtime.cache import content_hash, entry_path, read_record, write_atomic, write_record
+from ember.runtime.cache import (
+    CacheDirectoryError,
+    content_hash,
+    discard,
+    entry_path,
+    open_root,
+    read_entry,
+    read_verified,
+    relative_to_root,
+    resolve_in_root,
+    sha256_bytes,
+    write_entry,
+    write_if_different,
+)
 
 LIBDEVICE_IMPORT = "from triton.language.extra import libdevice"
 INTERPRETED_IMPORT = "from ember.runtime.triton_libdevice import interpreted_libdevice as libdevice"
@@ -41,35 +54,42 @@ def require_interpreter() -> None:
         )
 
 
-def write_module(source: str, cache_dir: Path, interpret: bool, version: str) -> tuple[Path, bool]:
-    """The module file for `source` (for the interpreter: with its libdevice); (path, was cached)."""
+def write_module(source: str, cache_dir: Path, interpret: bool, version: str) -> tuple[str, str, bool]:
+    """The module file for `source` (for the interpreter: with its libdevice), written when
+    missing or different: (path relative to the cache root, sha256 of the source, was cached)."""
     import triton
 
     if interpret:
         source = source.replace(LIBDEVICE_IMPORT, INTERPRETED_IMPORT)
+    root = open_root(cache_dir)
     key = content_hash(source, triton.__version__, version)
-    path = entry_path(cache_dir, "triton", key, ".py")
-    cached = path.exists() and path.read_text() == source
-    if not cached:
-        write_atomic(path, source)
-    return path, cached
+    path = entry_path(root, "triton", key, ".py")
+    cached = write_if_different(path, source.encode())
+    return relative_to_root(root, path), sha256_bytes(source.encode()), cached
 
 
-_modules: dict[tuple[str, bool], ModuleType] = {}  # owned here: each module imported once
+_modules: dict[tuple[Path, str, bool], ModuleType] = {}  # owned here: each module imported once
 _modules_lock = threading.Lock()
 
 
-def import_module(path: str, interpret: bool) -> ModuleType:
+def import_module(root: str, relative: str, sha256: str, interpret: bool) -> ModuleType:
+    """The module at `relative` in the cache, run from its verified bytes (Note: cache safety).
+    Triton reads a jit function's source through `inspect`, so linecache is given those same
+    bytes: the file is never read again after the check."""
+    path = resolve_in_root(root, relative)
     with _modules_lock:
-        key = (path, interpret)
+        key = (path, sha256, interpret)
         if key not in _modules:
-            name = f"ember_triton_{Path(path).stem}{'_interpreted' if interpret else ''}"
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
+            source = read_verified(path, sha256).decode()
             if interpret:
                 require_interpreter()
-            spec.loader.exec_module(module)
+            name = f"ember_triton_{path.stem[:40]}{'_interpreted' if interpret else ''}"
+            module = types.ModuleType(name)
+            module.__file__ = str(path)
+            linecache.cache[str(path)] = (len(source), None, source.splitlines(keepends=True), str(path))
+            exec(compile(source, str(path), "exec"), module.__dict__)
             sys.modules.setdefault(name, module)
+            module._sha256 = sha256  # type: ignore[attr-defined]
             _modules[key] = module
         return _modules[key]
 
@@ -144,12 +164,11 @@ def raw_stream(device: int) -> int:
 class TritonLauncher:
     """One kernel as the wrapper calls it: `launcher(*tensors)`."""
 
-    def __init__(self, path: str, name: str, variants: list[str], xnumel: int, rnumel: int, written: list[int],
-                 interpret: bool, autotune: bool = True, xextent: int = 0) -> None:  # fmt: skip
-        self.path, self.name, self.variants, self.autotune = path, name, variants, autotune
+    def __init__(self, module: ModuleType, name: str, variants: list[str], xnumel: int, rnumel: int,
+                 written: list[int], interpret: bool, autotune: bool = True, xextent: int = 0) -> None:  # fmt: skip
+        self.module, self.name, self.variants, self.autotune = module, name, variants, autotune
         self.xextent = max(xnumel, xextent)  # what XBLOCK may cover (more than the grid's x: nested reductions)
         self.xnumel, self.rnumel, self.written, self.interpret = xnumel, rnumel, written, interpret
-        self.module = import_module(path, interpret)
         self.config: LaunchConfig | None = None
         self.compiled: dict[tuple, Any] = {}  # pointer alignments -> compiled kernel
         self.grid, self.constexprs, self.stream_device = 0, (), 0
@@ -183,8 +202,10 @@ class TritonLauncher:
         # no FMA contraction: eager rounds a product and a sum separately
         return fn[(self.grid,)](*args, **blocks, num_warps=config.num_warps, enable_fp_fusion=False)
 
-    def tuning_path(self, device_name: str) -> Path:
-        return Path(self.path).with_suffix(f".{content_hash(device_name)[:12]}.tune.json")
+    def tuning_record(self, device_name: str) -> tuple[Path, str]:
+        """Where the winner for this module on `device_name` is recorded, and its key."""
+        key = content_hash(self.module._sha256, self.name, device_name)
+        return Path(self.module.__file__).with_suffix(f".{key[:12]}.tune.json"), key
 
     def choose(self, args: tuple) -> LaunchConfig:
         options = candidates(self.variants, self.xextent, self.rnumel, self.interpret)
@@ -193,12 +214,17 @@ class TritonLauncher:
         import torch
 
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
-        record = self.tuning_path(torch.cuda.get_device_name(device))
-        with contextlib.suppress(TypeError):  # a record of other fields: measure again
-            if (found := read_record(record)) is not None and LaunchConfig(**found) in options:
+        record, key = self.tuning_record(torch.cuda.get_device_name(device))
+        try:
+            found = read_entry(record, key)
+            if found is not None and LaunchConfig(**found) in options:
                 return LaunchConfig(**found)
+        except CacheDirectoryError:
+            raise
+        except Exception as e:  # a record damaged, or of other fields: measure again
+            discard(e, record)
         best = self.benchmark(options, args)
-        write_record(record, asdict(best))
+        write_entry(record, key, asdict(best))
         return best
 
     def benchmark(self, options: list[LaunchConfig], args: tuple) -> LaunchConfig:

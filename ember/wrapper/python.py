@@ -8,9 +8,9 @@ open).
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ember.ir import BufferRef, ExternCall, IndexedStore, LoweredGraph
-from ember.runtime.cache import content_hash, entry_path, write_atomic
+from ember.runtime.cache import content_hash, entry_path, open_root, write_if_different
 from ember.runtime.memory import HUGE_PAGE_MIN_BYTES
 from ember.schedule import KernelStep, Step, graph_last_uses, reads_of
 from ember.wrapper import lines as L
@@ -40,13 +40,14 @@ aten = torch.ops.aten
 @dataclass
 class KernelBinary:
     var: str  # the Python name the wrapper gives the loaded kernel
-    path: str
+    path: str  # relative to the cache root (the wrapper joins it to `_cache_root`)
     symbol: str
     params: tuple[str, ...]  # buffer names, in parameter order
     errors: tuple = ()  # (exception name, message) per error code, when the kernel can fail
     inplace: dict[str, str] = field(default_factory=dict)  # output -> the dying input it overwrites
     triton: dict | None = None  # a Triton kernel: the launcher's arguments (runtime/triton.py)
     search: dict | None = None  # a C++ kernel's candidates, searched at the first call (runtime/search.py)
+    sha256: str = ""  # of the file at `path`, checked before it is loaded (Note: cache safety)
 
 
 @dataclass
@@ -120,13 +121,14 @@ def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: 
     head.append(f"_device = torch.device({str(device)!r})")
     for k in {k.var: k for k in kernels.values()}.values():
         if k.triton is not None:
-            head.append(f"{k.var} = load_triton_kernel({k.path!r}, {k.symbol!r}, **{k.triton!r})")
+            head.append(f"{k.var} = load_triton_kernel(_cache_root, {k.path!r}, {k.sha256!r}, {k.symbol!r}, "
+                        f"**{k.triton!r})")  # fmt: skip
             continue
         arity = len(k.params) + bool(k.errors)
         if k.search is not None:  # a search at the first call (runtime/search.py) binds the winner
             head.append(f"{k.var} = search_cpu_kernel(globals(), {k.var!r}, {arity}, {k.search!r})")
         else:
-            head.append(f"{k.var} = load_kernel({k.path!r}, {k.symbol!r}, {arity})")
+            head.append(f"{k.var} = load_kernel(_cache_root, {k.path!r}, {k.sha256!r}, {k.symbol!r}, {arity})")
         if k.errors:
             head.append(f"{k.var}_errors = {list(k.errors)!r}")
     head.append("")
@@ -204,16 +206,22 @@ def _output_expr(output, buffers: dict, graph: LoweredGraph, objects: list) -> s
 
 
 def load_wrapper(wrapper: WrapperSource, constants: dict[str, Any], cache_dir: Path) -> tuple[Callable, Path]:
-    """Write the wrapper into the cache (atomically) and import it; returns `call` and its path."""
+    """Runs the wrapper's source as a module and returns its `call` and its file's path.
+
+    The source runs from memory, never re-read from disk (a graph-cache entry's source was
+    verified, Note: cache safety); the file, written when missing or different, is what
+    tracebacks and users read. Kernel paths in the source are relative to `_cache_root`.
+    """
+    root = open_root(cache_dir)
     key = content_hash(wrapper.source)
-    path = entry_path(cache_dir, "wrappers", key, ".py")
-    if not path.exists() or path.read_text() != wrapper.source:
-        write_atomic(path, wrapper.source)
-    module_name = f"ember_wrapper_{key}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    module._constants = constants
-    module._objects = wrapper.objects
-    spec.loader.exec_module(module)
+    path = entry_path(root, "wrappers", key, ".py")
+    write_if_different(path, wrapper.source.encode())
+    module_name = f"ember_wrapper_{key[:40]}"
+    module = types.ModuleType(module_name)
+    module.__file__ = str(path)
+    module._constants = constants  # type: ignore[attr-defined]
+    module._objects = wrapper.objects  # type: ignore[attr-defined]
+    module._cache_root = str(root)  # type: ignore[attr-defined]
+    exec(compile(wrapper.source, str(path), "exec"), module.__dict__)
     sys.modules.setdefault(module_name, module)
     return module.call, path

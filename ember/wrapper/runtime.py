@@ -8,10 +8,10 @@ import ctypes
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ember.runtime.cpu import load_kernel
+from ember.runtime.cpu import load_cached_kernel as load_kernel
 from ember.runtime.memory import empty_large
 from ember.runtime.search import search_cpu_kernel
-from ember.runtime.triton import TritonLauncher
+from ember.runtime.triton import TritonLauncher, import_module
 
 
 def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
@@ -55,8 +55,10 @@ def constant_on(constants: dict, name: str, device: torch.device) -> torch.Tenso
     return value
 
 
-def load_triton_kernel(path: str, name: str, **launch) -> TritonLauncher:
-    return TritonLauncher(path, name, **launch)
+def load_triton_kernel(root: str, relative: str, sha256: str, name: str, **launch) -> TritonLauncher:
+    """A Triton kernel as a wrapper names it: its module's path relative to the cache root
+    and the module's checksum (Note: cache safety)."""
+    return TritonLauncher(import_module(root, relative, sha256, launch["interpret"]), name, **launch)
 
 
 def assert_layout(t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype, name: str) -> None:
