@@ -13,11 +13,9 @@ Note: kernel errors
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ember.codegen.tiling import is_tile_loop, trip_count
@@ -167,53 +165,6 @@ MATH_CALLS = {
     Ops.COPYSIGN: "copysign", Ops.NEXTAFTER: "nextafter", Ops.HYPOT: "hypot", Ops.FMAX: "fmax", Ops.FMIN: "fmin",
 }  # fmt: skip
 
-# Note: special functions
-#     Special functions come from special_math.h, ATen's own CPU implementations (vendored),
-#     so that they agree with eager to the last bit where ATen is deterministic. The header
-#     includes <cmath> and is long, so a kernel includes it only when it calls one of these.
-#     `{t}` is the C type of the first operand.
-SPECIAL_CALLS = {
-    Ops.DIGAMMA: "calc_digamma", Ops.TRIGAMMA: "trigamma", Ops.ERFINV: "calc_erfinv", Ops.ERFCX: "calc_erfcx",
-    Ops.I0: "calc_i0", Ops.I0E: "calc_i0e", Ops.I1: "calc_i1", Ops.I1E: "calc_i1e", Ops.NDTRI: "calc_ndtri",
-    Ops.AIRY_AI: "airy_ai_forward", Ops.BESSEL_J0: "bessel_j0_forward", Ops.BESSEL_J1: "bessel_j1_forward",
-    Ops.BESSEL_Y0: "bessel_y0_forward", Ops.BESSEL_Y1: "bessel_y1_forward",
-    Ops.MODIFIED_BESSEL_I0: "modified_bessel_i0_forward", Ops.MODIFIED_BESSEL_I1: "modified_bessel_i1_forward",
-    Ops.MODIFIED_BESSEL_K0: "modified_bessel_k0_forward", Ops.MODIFIED_BESSEL_K1: "modified_bessel_k1_forward",
-    Ops.SCALED_MODIFIED_BESSEL_K0: "scaled_modified_bessel_k0_forward",
-    Ops.SCALED_MODIFIED_BESSEL_K1: "scaled_modified_bessel_k1_forward",
-    Ops.SPHERICAL_BESSEL_J0: "spherical_bessel_j0_forward",
-    Ops.FREXP_MANTISSA: "ember_frexp_mantissa", Ops.FREXP_EXPONENT: "ember_frexp_exponent",
-    Ops.POLYGAMMA: "ember_polygamma<{t}>", Ops.ZETA: "zeta<{t}, false>", Ops.IGAMMA: "calc_igamma<{t}>",
-    Ops.IGAMMAC: "calc_igammac<{t}>", Ops.CHEBYSHEV_T: "chebyshev_polynomial_t_forward<{t}>",
-    Ops.CHEBYSHEV_U: "chebyshev_polynomial_u_forward<{t}>", Ops.CHEBYSHEV_V: "chebyshev_polynomial_v_forward<{t}>",
-    Ops.CHEBYSHEV_W: "chebyshev_polynomial_w_forward<{t}>",
-    Ops.SHIFTED_CHEBYSHEV_T: "shifted_chebyshev_polynomial_t_forward<{t}>",
-    Ops.SHIFTED_CHEBYSHEV_U: "shifted_chebyshev_polynomial_u_forward<{t}>",
-    Ops.SHIFTED_CHEBYSHEV_V: "shifted_chebyshev_polynomial_v_forward<{t}>",
-    Ops.SHIFTED_CHEBYSHEV_W: "shifted_chebyshev_polynomial_w_forward<{t}>",
-    Ops.HERMITE_H: "hermite_polynomial_h_forward<{t}>", Ops.HERMITE_HE: "hermite_polynomial_he_forward<{t}>",
-    Ops.LAGUERRE_L: "laguerre_polynomial_l_forward<{t}>", Ops.LEGENDRE_P: "legendre_polynomial_p_forward<{t}>",
-}  # fmt: skip
-
-# Helpers special_math.h lacks: frexp's two results as two functions; polygamma with the
-# n >= 2 path of ATen's kernel (n = 0 and 1 lower to DIGAMMA and TRIGAMMA).
-SPECIAL_HELPERS = r"""
-template <typename T> static inline T ember_frexp_mantissa(T x) { int e; return std::frexp(x, &e); }
-template <typename T> static inline int32_t ember_frexp_exponent(T x) { int e; std::frexp(x, &e); return e; }
-template <typename T> static inline T ember_polygamma(T x, T n) { return calc_polygamma<T, false>(x, (int)n); }
-"""
-
-
-@functools.cache
-def special_math_source() -> str:
-    return (Path(__file__).with_name("special_math.h")).read_text() + SPECIAL_HELPERS
-
-
-def special_prelude(program: list[UOp]) -> str:
-    """special_math.h when the kernel calls a special function (Note: special functions)."""
-    return special_math_source() if any(u.op in SPECIAL_CALLS for u in program) else ""
-
-
 def libm(name: str, dtype: DType) -> str:
     """The gcc builtin for libm function `name` at `dtype` (sinf for float, sin for double)."""
     return f"__builtin_{name}{'f' if dtype is dtypes.float32 else ''}"
@@ -252,8 +203,6 @@ def _binary_call(u: UOp, a: str, b: str) -> str:
         return f"{libm('atan2', operand)}({a}, {b})"
     if u.op in MATH_CALLS:
         return f"{libm(MATH_CALLS[u.op], operand)}({a}, {b})"
-    if u.op in SPECIAL_CALLS:
-        return f"{SPECIAL_CALLS[u.op].format(t=operand.ctype)}({a}, {b})"
     if u.op in (Ops.SHL, Ops.SHR):
         return f"ember_{u.op.name.lower()}<{operand.ctype}>({a}, {b})"
     return f"({a} {INFIX[u.op]} {b})"
@@ -281,8 +230,6 @@ def _unary_call(u: UOp, x: str) -> str:
         return f"__builtin_{u.op.name.lower()}({x})"
     if u.op in MATH_CALLS:
         return f"{libm(MATH_CALLS[u.op], u.src[0].dtype)}({x})"
-    if u.op in SPECIAL_CALLS:
-        return f"{SPECIAL_CALLS[u.op].format(t=u.src[0].dtype.ctype)}({x})"
     if u.op is Ops.COS:
         return f"{cos_alias(u.src[0].dtype)}({x})"
     if (inline := vector_math_call(u.op, u.src[0].dtype)) is not None:
@@ -359,7 +306,7 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
     if any(u.dtype in LOW_PRECISION_NAMES for u in program):
         declarations = LOW_PRECISION_PRELUDE + declarations
     declarations += vector_math_prelude(program)
-    source = f'{special_prelude(program)}{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n{body}}}\n'
+    source = f'{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n{body}}}\n'
     source = file_pragmas(choices) + source
     return RenderedKernel(name, source, params, errors, tiled=any(is_tile_loop(u) for u in program))
 

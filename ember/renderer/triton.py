@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from ember.codegen.low_precision import pm_low_precision
 from ember.codegen.phases import check_integer_division, order_loops, pm_checks, pm_unique_reduce_ranges
-from ember.renderer.triton_math import HELPERS, render_math, uses_helpers
+from ember.renderer.triton_math import render_math
 from ember.renderer.triton_scatter import ScatterStore, scatter_store_lines
 from ember.uop.dtypes import DType, bits_of, dtypes
 from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp, reduce_identity
@@ -712,5 +712,5 @@ def render_triton(name: str, sink: UOp, written: frozenset[str], scalars: frozen
         blocks = "XBLOCK: tl.constexpr" + ("" if shape.pointwise else ", RBLOCK: tl.constexpr")
         head = f"{jit}\ndef {name}_{variant}({signature}, {blocks}):\n"
         functions.append(head + "\n".join(lines) + "\n")
-    source = PRELUDE + (HELPERS if uses_helpers(sink) else "") + renderer.prelude + "\n\n" + "\n\n".join(functions)
+    source = PRELUDE + renderer.prelude + "\n\n" + "\n\n".join(functions)
     return TritonKernel(name, source, params, errors, shape.xnumel, shape.rnumel, variants, shape.xextent)
