@@ -419,7 +419,10 @@ def test_floor_division_matches_eager_on_every_pair_of_hard_values(dtype):
     values = torch.tensor(hard, dtype=dtype)
     a, b = values.repeat_interleave(len(hard)), values.repeat(len(hard))
     gen = torch.Generator().manual_seed(0)
-    magnitudes = lambda: torch.randn(4096, generator=gen, dtype=f64) * 10.0 ** torch.randint(-8, 9, (4096,), generator=gen)
+
+    def magnitudes():
+        return torch.randn(4096, generator=gen, dtype=f64) * 10.0 ** torch.randint(-8, 9, (4096,), generator=gen)
+
     a, b = torch.cat([a, magnitudes().to(dtype)]), torch.cat([b, magnitudes().to(dtype)])
     ember.metrics.reset()
     for fn in (BINARY["div_floor"][0], torch.floor_divide):

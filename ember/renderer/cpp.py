@@ -134,7 +134,7 @@ LOW_PRECISION_NAMES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
 
 def render_cast(x: str, source: DType, target: DType) -> str:
     """A conversion as eager's: every conversion from or to float16/bfloat16 goes through
-    float32 (c10 converts a double or an integer to float first, then rounds that). A bool
+    float32 (eager converts a double or an integer to float first, then rounds that). A bool
     becomes a float through a select: gcc 12 does not vectorize a loop converting a bool."""
     if source.is_bool and target in (dtypes.float32, dtypes.float64):
         return f"({x} ? {render_const(1.0, target)} : {render_const(0.0, target)})"
@@ -164,6 +164,7 @@ MATH_CALLS = {
     Ops.ACOSH: "acosh", Ops.ASINH: "asinh", Ops.ATANH: "atanh", Ops.ERFC: "erfc", Ops.LGAMMA: "lgamma",
     Ops.COPYSIGN: "copysign", Ops.NEXTAFTER: "nextafter", Ops.HYPOT: "hypot", Ops.FMAX: "fmax", Ops.FMIN: "fmin",
 }  # fmt: skip
+
 
 def libm(name: str, dtype: DType) -> str:
     """The gcc builtin for libm function `name` at `dtype` (sinf for float, sin for double)."""
