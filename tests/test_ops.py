@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import ember
-from tests.helpers import check
+from tests.helpers import check, compile_fn
 
 f32, f64, i32, i64, b8 = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
 DTYPES = (f32, f64, i32, i64, b8)
@@ -405,6 +405,31 @@ def test_floor_division_ties_round_like_eager(dtype):
     q = (torch.rand(64, generator=gen, dtype=f64) + 1) * 2.0 ** (mantissa - 2)
     ops = {"div_floor": BINARY["div_floor"][0], "floor_divide": torch.floor_divide, "remainder": torch.remainder}
     check_ops(ops, (q * b.double()).to(dtype), b, exact=ops)
+
+
+@pytest.mark.parametrize("dtype", [f32, f64], ids=dtype_id)
+def test_floor_division_matches_eager_on_every_pair_of_hard_values(dtype):
+    """Every pair of signed zeros, infinities, NaN, subnormals, the largest finite values, exact
+    and inexact quotients (1 // 0.1 is 9) and quotients past 2**mantissa, bit for bit (the sign
+    of a zero quotient included), plus random values of wide magnitudes (Note: float floor division)."""
+    info = torch.finfo(dtype)
+    hard = [0.0, -0.0, inf, -inf, nan, 1.0, -1.0, 0.1, -0.1, 3.0, -3.0, 7.5, -7.5, 0.3, 1e-30, -1e-30,
+            info.tiny, -info.tiny, info.tiny / 4, -info.tiny / 4, info.max, -info.max, 2.0**60, -(2.0**60),
+            1e10 + 1, 5.0, -5.0, 2.5, 0.5, -0.5]  # fmt: skip
+    values = torch.tensor(hard, dtype=dtype)
+    a, b = values.repeat_interleave(len(hard)), values.repeat(len(hard))
+    gen = torch.Generator().manual_seed(0)
+
+    def magnitudes():
+        return torch.randn(4096, generator=gen, dtype=f64) * 10.0 ** torch.randint(-8, 9, (4096,), generator=gen)
+
+    a, b = torch.cat([a, magnitudes().to(dtype)]), torch.cat([b, magnitudes().to(dtype)])
+    ember.metrics.reset()
+    for fn in (BINARY["div_floor"][0], torch.floor_divide):
+        got, want = compile_fn(fn)(a, b), fn(a, b)  # near overflow a float64 reference differs: eager only
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(got[want == 0].signbit(), want[want == 0].signbit()), "sign of a zero quotient"
+    assert ember.metrics.fallback_calls == 0, dict(ember.metrics.fallback_ops)
 
 
 def test_multiply_add_rounds_twice():

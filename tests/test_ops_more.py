@@ -1,23 +1,25 @@
-"""The rest of the elementwise surface (special functions, copysign, fmax, frexp, ...), views
-(diagonal, unfold, *_copy) and pooling, against eager, with no fallback extern.
+"""The rest of the elementwise surface (libm's functions, copysign, fmax, special functions,
+frexp, ...), views (diagonal, unfold, *_copy) and pooling, against eager, with no fallback extern.
 
-Special functions are compared with eager in the same dtype: ember runs ATen's own code
-(renderer/special_math.h), but eager vectorizes some of them (erfc through Sleef), so they
-agree to a few ulp, not bit for bit; float64 is checked as tightly as float32 allows.
+libm's functions are compared with eager in the same dtype: eager vectorizes some of them (erfc
+through Sleef), so they agree to a few ulp, not bit for bit; float64 is checked as tightly as
+float32 allows. Special functions past libm's are aten extern kernels by design (Note: special
+functions, lower/math_functions.py): those tests check the extern calls' plumbing (dtypes,
+layouts, 0-d, empty, several outputs) and that the pointwise work around them still fuses.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import ember
-from ember.lower.math_functions import BINARY_SPECIAL, CPP_ONLY, UNARY_SPECIAL
-from tests.helpers import check, compile_fn, test_device, to_test_device
+from ember.lower.math_functions import EXTERN_SPECIAL_FUNCTIONS
+from ember.lower.registry import lookup
+from tests.helpers import check, compile_fn, to_test_device
 
 f32, f64, i64 = torch.float32, torch.float64, torch.int64
 nan, inf = math.nan, math.inf
@@ -48,16 +50,6 @@ def sample(domain: str, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     return x.to(dtype)
 
 
-def triton_path() -> bool:
-    return test_device() == "cuda" or os.environ.get("EMBER_BACKEND") == "triton"
-
-
-# the aten ops a Triton graph hands to aten (Note: special functions in Triton, lower/math_functions.py)
-TRITON_FALLBACKS = {f"aten.{packet.__name__}.{overload}" for packet, op in {**UNARY_SPECIAL, **BINARY_SPECIAL}.items()
-                    if op in CPP_ONLY for overload in packet.overloads()} | {
-    "aten.igamma.default", "aten.igammac.default", "aten.polygamma.default", "aten.frexp.Tensor"}  # fmt: skip
-
-
 def assert_matches_eager(fn, *inputs, rtol=None, atol=None):
     ember.metrics.reset()
     got = compile_fn(fn)(*map(to_test_device, inputs))
@@ -70,21 +62,17 @@ def assert_matches_eager(fn, *inputs, rtol=None, atol=None):
             torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True)
         else:
             assert torch.equal(g, w), f"ember {g}\neager {w}"
-    if triton_path():  # only the ops Triton cannot render yet go to aten, each alone
-        assert set(ember.metrics.fallback_ops) <= TRITON_FALLBACKS, dict(ember.metrics.fallback_ops)
-    else:
-        assert ember.metrics.fallback_calls == 0, dict(ember.metrics.fallback_ops)
+    assert ember.metrics.fallback_calls == 0, dict(ember.metrics.fallback_ops)
 
 
-def test_every_special_function_renders_in_triton_or_goes_to_aten_alone():
-    from ember.renderer.triton_math import render_math
-    from ember.uop.dtypes import dtypes
-    from ember.uop.ops import UOp
-
-    x = UOp.const(dtypes.float32, 0.5)
-    for op in set(UNARY_SPECIAL.values()) | set(BINARY_SPECIAL.values()):
-        u = UOp(op, dtypes.float32, (x,) if op in UNARY_SPECIAL.values() else (x, x))
-        assert (render_math(u, ["a", "b"][: len(u.src)]) is None) == (op in CPP_ONLY), op
+def test_special_functions_are_externs_with_the_pointwise_work_fused_around_them():
+    """No lowering, on any backend: each call runs the aten op; the ops before and after fuse."""
+    assert all(lookup(packet) is None for packet in EXTERN_SPECIAL_FUNCTIONS)
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    for special in (torch.digamma, torch.erfinv, torch.special.i0e, torch.special.bessel_j0):
+        fn = lambda a, b, special=special: special(torch.tanh(a * 0.5) * 0.9 + 0.01).exp() * b + a
+        assert_matches_eager(fn, x, y, rtol=1e-5, atol=1e-5)
+        assert ember.metrics.extern_calls == 1 and ember.metrics.kernels_generated <= 2, special
 
 
 UNARY = {  # name: (function, domain)
@@ -119,8 +107,8 @@ TOLERANCE = {f32: (2e-5, 2e-5), f64: (1e-11, 1e-11)}
 @pytest.mark.parametrize("name", sorted(UNARY))
 @pytest.mark.parametrize("dtype", [f32, f64])
 def test_unary_special(name, dtype):
-    # Layouts reach every unary op through the same lowering (tested at length in test_ops.py);
-    # each variant here costs a kernel that includes special_math.h, so float64 runs one layout.
+    # Layouts reach every unary op through the same lowering (tested at length in test_ops.py),
+    # so float64 runs one layout.
     fn, domain = UNARY[name]
     rtol, atol = TOLERANCE[dtype]
     cases = variants(sample(domain, dtype))
@@ -223,7 +211,7 @@ def test_frexp_special_values():
     torch.testing.assert_close(mantissa, want_mantissa, equal_nan=True, rtol=0, atol=0)
     finite = torch.isfinite(x)  # the exponent of inf/nan is unspecified in C
     assert torch.equal(exponent[finite], want_exponent[finite]) and exponent.dtype == torch.int32
-    assert ember.metrics.fallback_calls == (1 if triton_path() else 0)
+    assert ember.metrics.fallback_calls == 0 and ember.metrics.extern_calls == 1
 
 
 # ---- views -------------------------------------------------------------------------------

@@ -139,7 +139,7 @@ def test_masked_variance_recomputes_index_math_after_a_loop_closes():
 
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 def test_multilabel_margin_loss_ignores_slots_after_the_first_minus_one(reduction):
-    # torch's own decomposition counts those slots too (ember ships a corrected one)
+    # torch's own decomposition counts those slots too (ember ships its own)
     x, target = torch.randn(3, 6), torch.tensor([[3, 0, -1, 1, 2, 4], [1, 2, 5, -1, 0, 0], [-1, 0, 0, 0, 0, 0]])
     f = lambda x, t: torch.nn.functional.multilabel_margin_loss(x, t, reduction=reduction)
     check(f, x, target)

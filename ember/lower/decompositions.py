@@ -72,26 +72,27 @@ def decomposition_table(fallback_random: bool = False) -> dict:
 
 
 def multilabel_margin_loss_forward(input, target, reduction: int):
-    """torch's decomposition (2.13) sums the margin over every target slot, also those after
-    the first -1, which eager ignores; this one masks them. Same shapes and dtypes."""
-    orig_shape = input.shape
-    input, target = torch.atleast_2d(input), torch.atleast_2d(target)
-    dim = input.shape[1]
-    idx = torch.arange(dim, device=target.device)
-    end = torch.amin(torch.where(target == -1, idx, dim), dim=-1, keepdim=True)
-    valid = idx < end  # [batch, slot]: the slot holds a target
-    u = torch.gather(input, -1, torch.where(valid, target, 0))
-    is_target = torch.any(idx == torch.where(valid, target, -1).unsqueeze(-1), dim=1)
-    z = (1.0 - u.T.unsqueeze(-1) + input).clamp_min(0) / dim  # [slot, batch, class]
-    z = torch.where(is_target | ~valid.T.unsqueeze(-1), 0, z)
-    z = z.sum(dim=(0, -1))
+    """The loss from its definition: a sample's targets are its target entries before the first
+    -1, and each (target t, non-target class c) pair adds max(0, 1 - (x[t] - x[c])); the sum
+    over pairs is divided by the number of classes. Also the 0/1 mask of each sample's target
+    classes, eager's second output (its backward reads it). torch's own decomposition counts
+    the entries after the first -1 too, which eager ignores."""
+    scores, labels = torch.atleast_2d(input), torch.atleast_2d(target)
+    classes = scores.shape[-1]
+    listed = torch.cumsum(labels == -1, dim=-1) == 0  # [sample, entry]: before the first -1
+    class_ids = torch.arange(classes, device=scores.device)
+    is_target = (torch.where(listed, labels, -1).unsqueeze(-1) == class_ids).any(dim=1)  # [sample, class]
+    target_scores = torch.gather(scores, -1, torch.where(listed, labels, 0))  # [sample, entry]
+    hinges = (1 - target_scores.unsqueeze(-1) + scores.unsqueeze(1)).clamp_min(0)  # [sample, entry, class]
+    counted = listed.unsqueeze(-1) & ~is_target.unsqueeze(1)
+    loss = torch.where(counted, hinges, 0).sum(dim=(1, 2)) / classes
     if reduction == 1:  # mean
-        z = z.mean()
+        loss = loss.mean()
     elif reduction == 2:  # sum
-        z = z.sum()
-    elif len(orig_shape) < 2:
-        z = z.reshape(())
-    return z, is_target.to(input.dtype).reshape(orig_shape)
+        loss = loss.sum()
+    elif input.dim() < 2:
+        loss = loss.reshape(())
+    return loss, is_target.to(input.dtype).reshape(input.shape)
 
 
 CORRECTED = {aten.multilabel_margin_loss_forward.default: multilabel_margin_loss_forward}

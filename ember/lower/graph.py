@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten
 from ember.errors import EmberError
 from ember.ir import Buffer, BufferRef, Layout, LoweredGraph, OutputSpec, contiguous_strides
 from ember.lower.context import MATMUL_OPS, LoweringContext, matmul_operand_layout, same_strides
-from ember.lower.registry import FULL_PRECISION_ONLY, Unsupported, lookup
+from ember.lower.registry import EXTERN_BY_DESIGN, FULL_PRECISION_ONLY, Unsupported, lookup
 from ember.lower.values import TensorValue, as_strided_read, axis, const_index, load
 from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
 from ember.uop.ops import Ops
@@ -115,7 +115,8 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
         except Exception as e:
             raise EmberError("lower", f"{type(e).__name__}: {e}", f"{node.target} ({node.name})") from e
     if value is None:
-        fallback = getattr(node.target, "overloadpacket", node.target) not in EXTERN_KERNELS
+        packet = getattr(node.target, "overloadpacket", node.target)
+        fallback = packet not in EXTERN_KERNELS and packet not in EXTERN_BY_DESIGN
         metas = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
         value = ctx.extern(node.target, args, kwargs, node.meta.get("val"), node.name, fallback, metas)
     if isinstance(value, TensorValue):

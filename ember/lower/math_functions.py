@@ -1,10 +1,8 @@
-"""Lowerings of the rest of the elementwise math surface: inverse hyperbolic functions,
-erfc/erfinv, the gamma family, Bessel functions and orthogonal polynomials, copysign,
-nextafter, hypot, fmax/fmin, signbit, frexp and round with decimals.
+"""Lowerings of the rest of the elementwise math surface: inverse hyperbolic functions, erfc,
+lgamma, copysign, nextafter, hypot, fmax/fmin, signbit, round with decimals, angle; and the
+special functions ember leaves to aten as extern kernels (Note: special functions).
 
-Type promotion and broadcasting are pointwise.py's (`elementwise`). Special functions
-lower to their own Ops, which the renderer computes with ATen's own CPU code (Note:
-special functions, renderer/cpp.py), so results agree with eager.
+Type promotion and broadcasting are pointwise.py's (`elementwise`).
 """
 
 from __future__ import annotations
@@ -17,79 +15,47 @@ import torch.fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Promotion
 
 from ember.lower.context import LoweringContext
-from ember.lower.pointwise import _register_elementwise, binary, elementwise, out_meta, unary
-from ember.lower.registry import Unsupported, register
-from ember.lower.values import TensorValue, broadcast_to
-from ember.uop.dtypes import dtypes, from_torch
+from ember.lower.pointwise import _register_elementwise, binary, elementwise, unary
+from ember.lower.registry import Unsupported, register, register_extern
+from ember.lower.values import TensorValue
+from ember.uop.dtypes import dtypes
 from ember.uop.ops import Ops, UOp
 
 aten = torch.ops.aten
 
-UNARY_SPECIAL = {  # unary functions of floats (integers promote to float)
+UNARY_MATH = {  # libm's unary functions of floats (integers promote to float)
     aten.acosh: Ops.ACOSH, aten.asinh: Ops.ASINH, aten.atanh: Ops.ATANH, aten.erfc: Ops.ERFC,
-    aten.lgamma: Ops.LGAMMA, aten.digamma: Ops.DIGAMMA, aten.erfinv: Ops.ERFINV, aten.i0: Ops.I0,
-    aten.special_i0e: Ops.I0E, aten.special_i1: Ops.I1, aten.special_i1e: Ops.I1E, aten.special_ndtri: Ops.NDTRI,
-    aten.special_erfcx: Ops.ERFCX, aten.special_airy_ai: Ops.AIRY_AI, aten.special_bessel_j0: Ops.BESSEL_J0,
-    aten.special_bessel_j1: Ops.BESSEL_J1, aten.special_bessel_y0: Ops.BESSEL_Y0,
-    aten.special_bessel_y1: Ops.BESSEL_Y1, aten.special_modified_bessel_i0: Ops.MODIFIED_BESSEL_I0,
-    aten.special_modified_bessel_i1: Ops.MODIFIED_BESSEL_I1, aten.special_modified_bessel_k0: Ops.MODIFIED_BESSEL_K0,
-    aten.special_modified_bessel_k1: Ops.MODIFIED_BESSEL_K1,
-    aten.special_scaled_modified_bessel_k0: Ops.SCALED_MODIFIED_BESSEL_K0,
-    aten.special_scaled_modified_bessel_k1: Ops.SCALED_MODIFIED_BESSEL_K1,
-    aten.special_spherical_bessel_j0: Ops.SPHERICAL_BESSEL_J0,
+    aten.lgamma: Ops.LGAMMA,
 }  # fmt: skip
-BINARY_SPECIAL = {  # binary functions of floats (integers promote to float); polynomials are (x, n)
-    aten.copysign: Ops.COPYSIGN, aten.special_zeta: Ops.ZETA,
-    aten.special_chebyshev_polynomial_t: Ops.CHEBYSHEV_T, aten.special_chebyshev_polynomial_u: Ops.CHEBYSHEV_U,
-    aten.special_chebyshev_polynomial_v: Ops.CHEBYSHEV_V, aten.special_chebyshev_polynomial_w: Ops.CHEBYSHEV_W,
-    aten.special_shifted_chebyshev_polynomial_t: Ops.SHIFTED_CHEBYSHEV_T,
-    aten.special_shifted_chebyshev_polynomial_u: Ops.SHIFTED_CHEBYSHEV_U,
-    aten.special_shifted_chebyshev_polynomial_v: Ops.SHIFTED_CHEBYSHEV_V,
-    aten.special_shifted_chebyshev_polynomial_w: Ops.SHIFTED_CHEBYSHEV_W,
-    aten.special_hermite_polynomial_h: Ops.HERMITE_H, aten.special_hermite_polynomial_he: Ops.HERMITE_HE,
-    aten.special_laguerre_polynomial_l: Ops.LAGUERRE_L, aten.special_legendre_polynomial_p: Ops.LEGENDRE_P,
-}  # fmt: skip
+for _packet, _op in UNARY_MATH.items():
+    _register_elementwise([_packet], unary(_op), 1, Promotion.INT_TO_FLOAT)
+_register_elementwise([aten.copysign], binary(Ops.COPYSIGN), 2, Promotion.INT_TO_FLOAT)
 
-# Note: special functions in Triton (renderer/triton_math.py). These have no Triton rendering
-# yet: in a graph for the Triton renderer each call of one goes to aten alone (a fallback
-# extern), rather than the whole graph running eagerly.
-# libdevice's Bessel functions (j0/j1/y0/y1, cyl_bessel_i0/i1) miss ATen's values on an H100:
-# NaN where eager is finite at special values, and float64 errors of ~3e-7 relative.
-CPP_ONLY = frozenset({
-    Ops.BESSEL_J0, Ops.BESSEL_J1, Ops.BESSEL_Y0, Ops.BESSEL_Y1, Ops.I0, Ops.I1, Ops.MODIFIED_BESSEL_I0,
-    Ops.MODIFIED_BESSEL_I1,
-    Ops.I0E, Ops.I1E, Ops.AIRY_AI, Ops.MODIFIED_BESSEL_K0, Ops.MODIFIED_BESSEL_K1, Ops.SCALED_MODIFIED_BESSEL_K0,
-    Ops.SCALED_MODIFIED_BESSEL_K1, Ops.SPHERICAL_BESSEL_J0, Ops.ZETA, Ops.POLYGAMMA, Ops.IGAMMA, Ops.IGAMMAC,
-    Ops.FREXP_MANTISSA, Ops.FREXP_EXPONENT, Ops.CHEBYSHEV_T, Ops.CHEBYSHEV_U, Ops.CHEBYSHEV_V, Ops.CHEBYSHEV_W,
-    Ops.SHIFTED_CHEBYSHEV_T, Ops.SHIFTED_CHEBYSHEV_U, Ops.SHIFTED_CHEBYSHEV_V, Ops.SHIFTED_CHEBYSHEV_W,
-    Ops.HERMITE_H, Ops.HERMITE_HE, Ops.LAGUERRE_L, Ops.LEGENDRE_P,
-})  # fmt: skip
-
-
-def require_renderer(ctx: LoweringContext, op: Ops) -> None:
-    if ctx.backend == "triton" and op in CPP_ONLY:
-        raise Unsupported(f"{op.name.lower()} has no Triton rendering yet")
-
-
-def _register_special(packet, op: Ops, fn: Callable[..., UOp], arity: int, kind=Promotion.INT_TO_FLOAT) -> None:
-    """`_register_elementwise`, and aten for `op` where the graph's renderer lacks it."""
-
-    @register(packet)
-    def lowering(ctx: LoweringContext, node: torch.fx.Node, *args, **kwargs) -> TensorValue:
-        require_renderer(ctx, op)
-        if kwargs:
-            raise Unsupported(f"keyword arguments {sorted(kwargs)}")
-        return elementwise(node, fn, args[:arity], kind)
-
-
-for _packet, _op in UNARY_SPECIAL.items():
-    _register_special(_packet, _op, unary(_op), 1)
-for _packet, _op in BINARY_SPECIAL.items():
-    _register_special(_packet, _op, binary(_op), 2)
+# Note: special functions
+#     Special functions past libm's (the gamma family past lgamma, erfinv, the Bessel functions,
+#     zeta, the incomplete gamma functions, orthogonal polynomials) have no lowering: on every
+#     backend each call is an extern kernel that runs the aten op, declared here once. The
+#     pointwise work around a call still fuses into ember's kernels; only the call itself
+#     reads and writes memory. ember keeps no copy of anyone's implementation of these; one
+#     worth fusing gets ember's own, written from the mathematics and tested against eager.
+EXTERN_SPECIAL_FUNCTIONS = [
+    aten.digamma, aten.polygamma, aten.erfinv, aten.igamma, aten.igammac, aten.frexp, aten.i0, aten.special_i0e,
+    aten.special_i1, aten.special_i1e, aten.special_ndtri, aten.special_erfcx, aten.special_airy_ai,
+    aten.special_bessel_j0, aten.special_bessel_j1, aten.special_bessel_y0, aten.special_bessel_y1,
+    aten.special_modified_bessel_i0, aten.special_modified_bessel_i1, aten.special_modified_bessel_k0,
+    aten.special_modified_bessel_k1, aten.special_scaled_modified_bessel_k0, aten.special_scaled_modified_bessel_k1,
+    aten.special_spherical_bessel_j0, aten.special_zeta, aten.special_chebyshev_polynomial_t,
+    aten.special_chebyshev_polynomial_u, aten.special_chebyshev_polynomial_v, aten.special_chebyshev_polynomial_w,
+    aten.special_shifted_chebyshev_polynomial_t, aten.special_shifted_chebyshev_polynomial_u,
+    aten.special_shifted_chebyshev_polynomial_v, aten.special_shifted_chebyshev_polynomial_w,
+    aten.special_hermite_polynomial_h, aten.special_hermite_polynomial_he, aten.special_laguerre_polynomial_l,
+    aten.special_legendre_polynomial_p,
+]  # fmt: skip
+register_extern(*EXTERN_SPECIAL_FUNCTIONS)
 
 
 def float_only(op: Ops) -> Callable[[UOp, UOp], UOp]:
-    """Ops eager defines for floats only (nextafter, hypot, igamma): integers go to aten, which raises."""
+    """Ops eager defines for floats only (nextafter, hypot): integers go to aten, which raises."""
 
     def fn(a: UOp, b: UOp) -> UOp:
         if not a.dtype.is_float:
@@ -101,8 +67,6 @@ def float_only(op: Ops) -> Callable[[UOp, UOp], UOp]:
 
 _register_elementwise([aten.nextafter], float_only(Ops.NEXTAFTER), 2)
 _register_elementwise([aten.hypot], float_only(Ops.HYPOT), 2)
-for _packet, _op in ((aten.igamma, Ops.IGAMMA), (aten.igammac, Ops.IGAMMAC)):
-    _register_special(_packet, _op, float_only(_op), 2, Promotion.DEFAULT)
 
 
 def nan_ignoring(float_op: Ops, int_op: Ops) -> Callable[[UOp, UOp], UOp]:
@@ -123,31 +87,6 @@ def signbit(x: UOp) -> UOp:
 
 
 _register_elementwise([aten.signbit], signbit, 1, Promotion.ALWAYS_BOOL)
-
-
-@register(aten.polygamma.default)
-def lower_polygamma(ctx: LoweringContext, node: torch.fx.Node, n: int, x) -> TensorValue:
-    """As ATen's kernel: n = 0 is digamma, n = 1 trigamma, larger n the zeta-based series."""
-    if not isinstance(n, int) or n < 0:
-        raise Unsupported("polygamma of a negative or non-constant order")
-    meta = out_meta(node)
-    shape, result = tuple(meta.shape), from_torch(meta.dtype)
-    value = broadcast_to(x, shape).body.cast(result)
-    if n > 1:
-        require_renderer(ctx, Ops.POLYGAMMA)
-    if n <= 1:
-        return TensorValue(shape, result, value.alu(Ops.DIGAMMA if n == 0 else Ops.TRIGAMMA))
-    return TensorValue(shape, result, value.alu(Ops.POLYGAMMA, value.const_like(n)))
-
-
-@register(aten.frexp.Tensor)
-def lower_frexp(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue) -> tuple[TensorValue, TensorValue]:
-    if not x.dtype.is_float:
-        raise Unsupported("frexp of integers raises in eager")
-    require_renderer(ctx, Ops.FREXP_MANTISSA)
-    mantissa = x.body.alu(Ops.FREXP_MANTISSA)
-    exponent = UOp(Ops.FREXP_EXPONENT, dtypes.int32, (x.body,))
-    return TensorValue(x.shape, x.dtype, mantissa), TensorValue(x.shape, dtypes.int32, exponent)
 
 
 @register(aten.round.decimals)

@@ -102,20 +102,34 @@ def truediv(a: UOp, b: UOp) -> UOp:
 
 
 def floordiv(a: UOp, b: UOp) -> UOp:
-    """Python floor division, as eager: floats through fmod like ATen's div_floor."""
+    """Python floor division, as eager: the floor of the exact quotient a / b, not of its
+    rounding (1 // 0.1 is 9: 1 / 0.1 rounds to 10). For floats (Note: float floor division)."""
     if a.dtype.is_int:
         q, r = a.alu(Ops.IDIV, b), a.alu(Ops.MOD, b)
         needs_fix = r.alu(Ops.CMPNE, r.const_like(0)).alu(Ops.AND, r.lt(0).alu(Ops.CMPNE, b.lt(0)))
         return needs_fix.where(q - 1, q)
-    mod = a.alu(Ops.FMOD, b)
-    div = (a - mod).alu(Ops.FDIV, b)
-    wrong_sign = mod.alu(Ops.CMPNE, mod.const_like(0)).alu(Ops.AND, b.lt(0).alu(Ops.CMPNE, mod.lt(0)))
-    div = wrong_sign.where(div - 1, div)
-    floored = div.alu(Ops.FLOOR)
-    floored = div.const_like(0.5).alu(Ops.CMPLT, div - floored).where(floored + 1, floored)  # a tie rounds down
-    zero_signed = a.alu(Ops.FDIV, b).alu(Ops.MUL, a.const_like(0.0))  # copysign(0, a/b)
-    rounded = div.alu(Ops.CMPNE, div.const_like(0)).where(floored, zero_signed)
-    return b.alu(Ops.CMPEQ, b.const_like(0)).where(a.alu(Ops.FDIV, b), rounded)
+    return float_floordiv(a, b)
+
+
+def float_floordiv(a: UOp, b: UOp) -> UOp:
+    """Note: float floor division
+    fmod is exact: a = n * b + r with n the quotient truncated toward zero, r its remainder.
+    So (a - r) / b is n up to the roundings of the subtraction and the division, which snapping
+    to the nearest integer removes; where the float spacing is 1/2 those roundings can land
+    halfway, and eager snaps halves down, so this does too. The floor is n, or n - 1 when the
+    remainder is nonzero with the sign opposite to b's (the exact quotient is negative and not
+    whole). A zero quotient carries the sign of a / b. b = 0 gives a / b (inf or NaN), a NaN or
+    an infinite a gives NaN through fmod, and an infinite b gives 0 or -1, as Python does."""
+    remainder = a.alu(Ops.FMOD, b)
+    near_n = (a - remainder).alu(Ops.FDIV, b)
+    down = near_n.alu(Ops.FLOOR)
+    truncated = near_n.const_like(0.5).alu(Ops.CMPLT, near_n - down).where(down + 1, down)
+    below = remainder.alu(Ops.CMPNE, remainder.const_like(0)).alu(Ops.AND, remainder.lt(0).alu(Ops.CMPNE, b.lt(0)))
+    floored = below.where(truncated - 1, truncated)
+    quotient = a.alu(Ops.FDIV, b)
+    signed_zero = a.const_like(0.0).alu(Ops.COPYSIGN, quotient)
+    nonzero = floored.alu(Ops.CMPNE, floored.const_like(0)).where(floored, signed_zero)
+    return b.alu(Ops.CMPEQ, b.const_like(0)).where(quotient, nonzero)
 
 
 def truncdiv(a: UOp, b: UOp) -> UOp:

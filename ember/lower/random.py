@@ -107,13 +107,15 @@ def log_of_bits(bits: UOp) -> UOp:
     return e * LN2_HI + ((s * 2.0 + s * series) + e * LN2_LO)
 
 
-# pi/2 in three parts (Cody-Waite, cephes' DP1..3 doubled): k * part is exact for small k.
+# pi/2 in three parts (Cody-Waite reduction; the constants Cephes publishes, doubled): k * part
+# is exact for small k.
 PIO2_1, PIO2_2, PIO2_3 = 1.5703125, 4.837512969970703125e-4, f32(7.54978995489188216e-8)
 
 
 def cos_float(x: UOp) -> UOp:
     """cos(x) of a float32 in [0, 2 pi] to about 1 ulp: reduce by the nearest multiple k of
-    pi/2, then cephes' sin/cos polynomials on [-pi/4, pi/4], chosen by k mod 4."""
+    pi/2, then minimax sin/cos polynomials on [-pi/4, pi/4] (Cephes' published coefficients),
+    chosen by k mod 4."""
     quadrant = (x * f32(2 / math.pi) + 0.5).cast(dtypes.int32)  # truncation is floor here: x >= 0
     k = quadrant.cast(dtypes.float32)
     r = ((x - k * PIO2_1) - k * PIO2_2) - k * PIO2_3

@@ -2,7 +2,8 @@
 
 A lowering is `fn(ctx, node, *args, **kwargs)`: tensor arguments arrive as `TensorValue`s,
 everything else as it is in the FX graph. It returns a `TensorValue` (or a tuple of them),
-or raises `Unsupported` to hand the node to the fallback extern.
+or raises `Unsupported` to hand the node to the fallback extern. An op registered with
+`register_extern` has no lowering: its calls are extern kernels by design, not fallbacks.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 LOWERINGS: dict[Any, Callable] = {}
+# Ops with no lowering by design: every call is an extern kernel running the aten op, and is
+# not counted as a fallback (Note: special functions, lower/math_functions.py).
+EXTERN_BY_DESIGN: set[Any] = set()
 # Lowerings that handle float16/bfloat16 wrongly or not at all: those calls go to aten.
 FULL_PRECISION_ONLY: set[Callable] = set()
 
@@ -31,6 +35,11 @@ def register(*ops: Any, low_precision: bool = True) -> Callable[[Callable], Call
         return fn
 
     return wrap
+
+
+def register_extern(*packets: Any) -> None:
+    """Declare that every overload of each packet runs as an aten extern kernel, on every backend."""
+    EXTERN_BY_DESIGN.update(packets)
 
 
 def lookup(target: Any) -> Callable | None:

@@ -15,11 +15,9 @@ Note: kernel errors
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ember.codegen.tiling import is_tile_loop, trip_count
@@ -62,11 +60,11 @@ template <typename T, typename F> static inline void ember_update(T* p, T v, F c
     want = combine(old, v);
   } while (!__atomic_compare_exchange(p, &old, &want, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
 }
-// logcumsumexp's step, as aten's _log_add_exp_helper(x, acc): NaN propagates, equal infinities stay.
-template <typename T> static inline T ember_logaddexp(T acc, T x) {
-  T lo = (acc != acc) ? acc : (acc < x ? acc : x), hi = (acc != acc) ? acc : (x < acc ? acc : x);
-  if (lo != hi || (lo - lo) == 0) return __builtin_log1p(__builtin_exp(lo - hi)) + hi;
-  return x;
+// logcumsumexp's step: log(e^a + e^b) = hi + log1p(e^(lo - hi)), with hi the larger. lo - hi is
+// NaN only for a NaN operand (the result is NaN) or one infinity twice (the result is it).
+template <typename T> static inline T ember_logaddexp(T a, T b) {
+  T hi = a > b ? a : b, lo = a > b ? b : a;
+  return (hi == lo && hi - lo != 0) ? hi : hi + __builtin_log1p(__builtin_exp(lo - hi));
 }
 template <typename T, typename S> static inline T ember_shl(T a, S b) {
   return (b < 0 || b >= (S)(8 * sizeof(T))) ? 0 : (T)((uint64_t)a << b);
@@ -96,11 +94,20 @@ PHILOX = r"""template <int W> static inline uint32_t ember_philox(uint64_t seed,
 }
 """
 # Note: low-precision floats (uop/dtypes.py). float16/bfloat16 are uint16_t bits; these exact,
-# branch-free conversions vectorize (gcc 12's _Float16 casts do not; it has no __bf16 casts).
+# branch-free conversions (selects, no tables) vectorize on any x86-64 (gcc 12's _Float16 casts
+# vectorize only with AVX512-FP16; it has no __bf16 casts). Both round to nearest even, as eager.
 # bfloat16: the top half of a float32, rounded to nearest-even on the dropped bits; NaN -> 0x7FC0.
-# float16: Maratyszcza's FP16 formulas (what c10 uses without F16C), exact for every float32
-# incl. denormals and overflow; checked against torch over all 2^32 floats. They need IEEE float
-# arithmetic (no -ffast-math, no flush-to-zero).
+# float16 (IEEE binary16: sign, 5 exponent bits with bias 15, 10 fraction bits):
+#   to float32: exponent and fraction moved under float32's (bits 13..30) read as a float32 are
+#     the half's value times 2^-112 (bias 127 against 15) for every finite half, a subnormal half
+#     becoming a float32 subnormal, so one exact multiplication by 2^112 finishes; exponent 31
+#     (infinity, NaN) gets float32's all-ones exponent instead, the fraction kept, NaN quieted.
+#   from float32: a result of 2^-14 or more re-biases the exponent and rounds away the 13 low
+#     fraction bits to nearest even (a carry runs into the exponent, up to 0x7C00 = infinity from
+#     65520 on); a smaller one is a whole number of 2^-24, |f| * 2^24 (exact) rounded to an integer
+#     by the FPU's own round-to-nearest-even when added to 2^23. NaN -> 0x7E00 with its sign.
+# They need IEEE float arithmetic (no -ffast-math, no flush-to-zero). tests/test_lowp.py checks all
+# 65536 halves, every rounding tie, and random float32 bit patterns against eager.
 LOW_PRECISION_PRELUDE = r"""static inline float ember_bits_f32(uint32_t u) { return __builtin_bit_cast(float, u); }
 static inline uint32_t ember_f32_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
 static inline float ember_bf16_to_f32(uint16_t h) { return ember_bits_f32((uint32_t)h << 16); }
@@ -110,21 +117,18 @@ static inline uint16_t ember_f32_to_bf16(float f) {
   return (u & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)0x7FC0u : (uint16_t)rounded;
 }
 static inline float ember_f16_to_f32(uint16_t h) {
-  uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
-  float normalized = ember_bits_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-  float denormalized = ember_bits_f32((two_w >> 17) | (126u << 23)) - 0.5f;
-  uint32_t bits = two_w < (1u << 27) ? ember_f32_bits(denormalized) : ember_f32_bits(normalized);
-  return ember_bits_f32(sign | bits);
+  uint32_t magnitude = ((uint32_t)h & 0x7FFFu) << 13, sign = ((uint32_t)h & 0x8000u) << 16;
+  uint32_t finite = ember_f32_bits(ember_bits_f32(magnitude) * 0x1p112f);
+  uint32_t quiet = (magnitude & 0x007FFFFFu) != 0 ? 0x00400000u : 0u;
+  uint32_t not_finite = magnitude | 0x7F800000u | quiet;
+  return ember_bits_f32(sign | (magnitude >= 0x0F800000u ? not_finite : finite));
 }
 static inline uint16_t ember_f32_to_f16(float f) {
-  float base = (__builtin_fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
-  uint32_t w = ember_f32_bits(f), shl1_w = w + w, sign = w & 0x80000000u;
-  uint32_t bias = shl1_w & 0xFF000000u;
-  bias = bias < 0x71000000u ? 0x71000000u : bias;
-  base = ember_bits_f32((bias >> 1) + 0x07800000u) + base;
-  uint32_t bits = ember_f32_bits(base);
-  uint32_t nonsign = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
-  return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+  uint32_t u = ember_f32_bits(f), magnitude = u & 0x7FFFFFFFu, sign = (u >> 16) & 0x8000u;
+  uint32_t normal = (magnitude - (112u << 23) + 0x0FFFu + ((magnitude >> 13) & 1u)) >> 13;
+  uint32_t subnormal = ember_f32_bits(__builtin_fabsf(f) * 0x1p24f + 0x1p23f) - 0x4B000000u;
+  uint32_t half = magnitude < 0x38800000u ? subnormal : (magnitude < 0x47800000u ? normal : 0x7C00u);
+  return (uint16_t)(sign | (magnitude > 0x7F800000u ? 0x7E00u : half));
 }
 """
 LOW_PRECISION_NAMES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
@@ -132,7 +136,7 @@ LOW_PRECISION_NAMES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
 
 def render_cast(x: str, source: DType, target: DType) -> str:
     """A conversion as eager's: every conversion from or to float16/bfloat16 goes through
-    float32 (c10 converts a double or an integer to float first, then rounds that). A bool
+    float32 (eager converts a double or an integer to float first, then rounds that). A bool
     becomes a float through a select: gcc 12 does not vectorize a loop converting a bool."""
     if source.is_bool and target in (dtypes.float32, dtypes.float64):
         return f"({x} ? {render_const(1.0, target)} : {render_const(0.0, target)})"
@@ -162,52 +166,6 @@ MATH_CALLS = {
     Ops.ACOSH: "acosh", Ops.ASINH: "asinh", Ops.ATANH: "atanh", Ops.ERFC: "erfc", Ops.LGAMMA: "lgamma",
     Ops.COPYSIGN: "copysign", Ops.NEXTAFTER: "nextafter", Ops.HYPOT: "hypot", Ops.FMAX: "fmax", Ops.FMIN: "fmin",
 }  # fmt: skip
-
-# Note: special functions
-#     Special functions come from special_math.h, ATen's own CPU implementations (vendored),
-#     so that they agree with eager to the last bit where ATen is deterministic. The header
-#     includes <cmath> and is long, so a kernel includes it only when it calls one of these.
-#     `{t}` is the C type of the first operand.
-SPECIAL_CALLS = {
-    Ops.DIGAMMA: "calc_digamma", Ops.TRIGAMMA: "trigamma", Ops.ERFINV: "calc_erfinv", Ops.ERFCX: "calc_erfcx",
-    Ops.I0: "calc_i0", Ops.I0E: "calc_i0e", Ops.I1: "calc_i1", Ops.I1E: "calc_i1e", Ops.NDTRI: "calc_ndtri",
-    Ops.AIRY_AI: "airy_ai_forward", Ops.BESSEL_J0: "bessel_j0_forward", Ops.BESSEL_J1: "bessel_j1_forward",
-    Ops.BESSEL_Y0: "bessel_y0_forward", Ops.BESSEL_Y1: "bessel_y1_forward",
-    Ops.MODIFIED_BESSEL_I0: "modified_bessel_i0_forward", Ops.MODIFIED_BESSEL_I1: "modified_bessel_i1_forward",
-    Ops.MODIFIED_BESSEL_K0: "modified_bessel_k0_forward", Ops.MODIFIED_BESSEL_K1: "modified_bessel_k1_forward",
-    Ops.SCALED_MODIFIED_BESSEL_K0: "scaled_modified_bessel_k0_forward",
-    Ops.SCALED_MODIFIED_BESSEL_K1: "scaled_modified_bessel_k1_forward",
-    Ops.SPHERICAL_BESSEL_J0: "spherical_bessel_j0_forward",
-    Ops.FREXP_MANTISSA: "ember_frexp_mantissa", Ops.FREXP_EXPONENT: "ember_frexp_exponent",
-    Ops.POLYGAMMA: "ember_polygamma<{t}>", Ops.ZETA: "zeta<{t}, false>", Ops.IGAMMA: "calc_igamma<{t}>",
-    Ops.IGAMMAC: "calc_igammac<{t}>", Ops.CHEBYSHEV_T: "chebyshev_polynomial_t_forward<{t}>",
-    Ops.CHEBYSHEV_U: "chebyshev_polynomial_u_forward<{t}>", Ops.CHEBYSHEV_V: "chebyshev_polynomial_v_forward<{t}>",
-    Ops.CHEBYSHEV_W: "chebyshev_polynomial_w_forward<{t}>",
-    Ops.SHIFTED_CHEBYSHEV_T: "shifted_chebyshev_polynomial_t_forward<{t}>",
-    Ops.SHIFTED_CHEBYSHEV_U: "shifted_chebyshev_polynomial_u_forward<{t}>",
-    Ops.SHIFTED_CHEBYSHEV_V: "shifted_chebyshev_polynomial_v_forward<{t}>",
-    Ops.SHIFTED_CHEBYSHEV_W: "shifted_chebyshev_polynomial_w_forward<{t}>",
-    Ops.HERMITE_H: "hermite_polynomial_h_forward<{t}>", Ops.HERMITE_HE: "hermite_polynomial_he_forward<{t}>",
-    Ops.LAGUERRE_L: "laguerre_polynomial_l_forward<{t}>", Ops.LEGENDRE_P: "legendre_polynomial_p_forward<{t}>",
-}  # fmt: skip
-
-# Helpers special_math.h lacks: frexp's two results as two functions; polygamma with the
-# n >= 2 path of ATen's kernel (n = 0 and 1 lower to DIGAMMA and TRIGAMMA).
-SPECIAL_HELPERS = r"""
-template <typename T> static inline T ember_frexp_mantissa(T x) { int e; return std::frexp(x, &e); }
-template <typename T> static inline int32_t ember_frexp_exponent(T x) { int e; std::frexp(x, &e); return e; }
-template <typename T> static inline T ember_polygamma(T x, T n) { return calc_polygamma<T, false>(x, (int)n); }
-"""
-
-
-@functools.cache
-def special_math_source() -> str:
-    return (Path(__file__).with_name("special_math.h")).read_text() + SPECIAL_HELPERS
-
-
-def special_prelude(program: list[UOp]) -> str:
-    """special_math.h when the kernel calls a special function (Note: special functions)."""
-    return special_math_source() if any(u.op in SPECIAL_CALLS for u in program) else ""
 
 
 def libm(name: str, dtype: DType) -> str:
@@ -248,8 +206,6 @@ def _binary_call(u: UOp, a: str, b: str) -> str:
         return f"{libm('atan2', operand)}({a}, {b})"
     if u.op in MATH_CALLS:
         return f"{libm(MATH_CALLS[u.op], operand)}({a}, {b})"
-    if u.op in SPECIAL_CALLS:
-        return f"{SPECIAL_CALLS[u.op].format(t=operand.ctype)}({a}, {b})"
     if u.op in (Ops.SHL, Ops.SHR):
         return f"ember_{u.op.name.lower()}<{operand.ctype}>({a}, {b})"
     return f"({a} {INFIX[u.op]} {b})"
@@ -277,8 +233,6 @@ def _unary_call(u: UOp, x: str) -> str:
         return f"__builtin_{u.op.name.lower()}({x})"
     if u.op in MATH_CALLS:
         return f"{libm(MATH_CALLS[u.op], u.src[0].dtype)}({x})"
-    if u.op in SPECIAL_CALLS:
-        return f"{SPECIAL_CALLS[u.op].format(t=u.src[0].dtype.ctype)}({x})"
     if u.op is Ops.COS:
         return f"{cos_alias(u.src[0].dtype)}({x})"
     if (inline := vector_math_call(u.op, u.src[0].dtype)) is not None:
@@ -355,7 +309,7 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
     if any(u.dtype in LOW_PRECISION_NAMES for u in program):
         declarations = LOW_PRECISION_PRELUDE + declarations
     declarations += vector_math_prelude(program)
-    source = f'{special_prelude(program)}{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n{body}}}\n'
+    source = f'{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n{body}}}\n'
     source = file_pragmas(choices) + source
     return RenderedKernel(name, source, params, errors, tiled=any(is_tile_loop(u) for u in program))
 

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 from ember.codegen.low_precision import pm_low_precision
 from ember.codegen.phases import check_integer_division, order_loops, pm_checks, pm_unique_reduce_ranges
-from ember.renderer.triton_math import HELPERS, render_math, uses_helpers
+from ember.renderer.triton_math import render_math
 from ember.renderer.triton_scatter import ScatterStore, scatter_store_lines
 from ember.uop.dtypes import DType, bits_of, dtypes
 from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp, reduce_identity
@@ -106,10 +106,10 @@ UNARY_CALLS = {
 #     Pointers and loaded values have the native types. float16 converts natively (correctly
 #     rounded both on the GPU, cvt.rn, and in the interpreter, numpy). bfloat16 converts
 #     through its bits (ember_bf16_to_f32 / ember_f32_to_bf16, the C++ prelude's formulas:
-#     round to nearest even, NaN -> 0x7FC0 as c10), and its constants are bits too: the
+#     round to nearest even, NaN -> 0x7FC0 as eager), and its constants are bits too: the
 #     interpreter keeps bfloat16 as uint16 and its own float conversion truncates, so the bit
 #     formulas are what runs the same, and right, under the interpreter and on the GPU.
-#     Conversions from float64 or integers to 16 bits go through float32, as c10's do.
+#     Conversions from float64 or integers to 16 bits go through float32, as eager's do.
 LOW_PRECISION = (dtypes.float16, dtypes.bfloat16)
 
 
@@ -652,7 +652,7 @@ def ember_bf16_to_f32(x):
 
 @triton.jit
 def ember_f32_to_bf16(x):
-    # round to nearest even on the dropped bits; any NaN -> 0x7FC0 (c10's conversion)
+    # round to nearest even on the dropped bits; any NaN -> 0x7FC0 (as eager)
     u = x.to(tl.uint32, bitcast=True)
     rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
     bits = tl.where((u & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, rounded)
@@ -713,5 +713,5 @@ def render_triton(name: str, sink: UOp, written: frozenset[str], scalars: frozen
         blocks = "XBLOCK: tl.constexpr" + ("" if shape.pointwise else ", RBLOCK: tl.constexpr")
         head = f"{jit}\ndef {name}_{variant}({signature}, {blocks}):\n"
         functions.append(head + "\n".join(lines) + "\n")
-    source = PRELUDE + (HELPERS if uses_helpers(sink) else "") + renderer.prelude + "\n\n" + "\n\n".join(functions)
+    source = PRELUDE + renderer.prelude + "\n\n" + "\n\n".join(functions)
     return TritonKernel(name, source, params, errors, shape.xnumel, shape.rnumel, variants, shape.xextent)

@@ -34,11 +34,12 @@ SCAN_PRELUDE = """
 
 @triton.jit
 def ember_logaddexp_combine(a, b):
-    # aten's _log_add_exp_helper: NaN propagates; equal infinities (-inf with -inf) stay
-    lo = tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
-    hi = tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-    general = (lo != hi) | ((lo - lo) == 0)
-    return tl.where(general, libdevice.log1p(tl.exp(lo - hi)) + hi, a)
+    # log(e^a + e^b) = hi + log1p(e^(lo - hi)); lo - hi is NaN only for a NaN operand (NaN
+    # results) or one infinity twice (that infinity results)
+    hi = tl.where(a > b, a, b)
+    lo = tl.where(a > b, b, a)
+    same_infinity = (hi == lo) & ((hi - lo) != 0)
+    return tl.where(same_infinity, hi, libdevice.log1p(tl.exp(lo - hi)) + hi)
 
 
 @triton.jit

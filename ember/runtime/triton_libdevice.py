@@ -53,6 +53,5 @@ interpreted_libdevice = SimpleNamespace(
     log=_elementwise(np.log), sin=_elementwise(np.sin), acosh=_elementwise(np.arccosh),
     asinh=_elementwise(np.arcsinh), atanh=_elementwise(np.arctanh), copysign=_elementwise(np.copysign),
     nextafter=_elementwise(np.nextafter), hypot=_elementwise(np.hypot), erfc=_elementwise(_torch(torch.erfc)),
-    lgamma=_elementwise(_torch(torch.lgamma)), erfinv=_elementwise(_torch(torch.erfinv)),
-    erfcx=_elementwise(_torch(torch.special.erfcx)), normcdfinv=_elementwise(_torch(torch.special.ndtri)),
+    lgamma=_elementwise(_torch(torch.lgamma)),
 )  # fmt: skip

@@ -99,73 +99,22 @@ class Ops(enum.Enum):
     # random numbers (Note: counter-based random numbers, lower/random.py)
     PHILOX = enum.auto()  # src: (seed int64, counter index); arg: word 0..3; the uint32 word of Philox4x32-10
     BITCAST = enum.auto()  # src: (x,); the bits of x read as `dtype` (same itemsize)
-    # math functions beyond the basic set: unary (libm, then renderer/special_math.h)
+    # math functions beyond the basic set (libm's; Note: special functions, lower/math_functions.py)
     ACOSH = enum.auto()
     ASINH = enum.auto()
     ATANH = enum.auto()
     ERFC = enum.auto()
     LGAMMA = enum.auto()
     SIGNBIT = enum.auto()  # bool: the sign bit of a float (true for -0.0 and -nan)
-    FREXP_MANTISSA = enum.auto()  # in [0.5, 1) in magnitude, as frexp
-    FREXP_EXPONENT = enum.auto()  # int32, as frexp
-    DIGAMMA = enum.auto()
-    TRIGAMMA = enum.auto()
-    ERFINV = enum.auto()
-    ERFCX = enum.auto()
-    I0 = enum.auto()
-    I0E = enum.auto()
-    I1 = enum.auto()
-    I1E = enum.auto()
-    NDTRI = enum.auto()
-    AIRY_AI = enum.auto()
-    BESSEL_J0 = enum.auto()
-    BESSEL_J1 = enum.auto()
-    BESSEL_Y0 = enum.auto()
-    BESSEL_Y1 = enum.auto()
-    MODIFIED_BESSEL_I0 = enum.auto()
-    MODIFIED_BESSEL_I1 = enum.auto()
-    MODIFIED_BESSEL_K0 = enum.auto()
-    MODIFIED_BESSEL_K1 = enum.auto()
-    SCALED_MODIFIED_BESSEL_K0 = enum.auto()
-    SCALED_MODIFIED_BESSEL_K1 = enum.auto()
-    SPHERICAL_BESSEL_J0 = enum.auto()
-    # math functions beyond the basic set: binary
     COPYSIGN = enum.auto()
     NEXTAFTER = enum.auto()
     HYPOT = enum.auto()
     FMAX = enum.auto()  # max ignoring NaN (C fmax), as torch.fmax
     FMIN = enum.auto()
-    POLYGAMMA = enum.auto()  # src: (x, n): n-th derivative of digamma at x, n >= 2
-    ZETA = enum.auto()  # Hurwitz zeta(x, q)
-    IGAMMA = enum.auto()
-    IGAMMAC = enum.auto()
-    CHEBYSHEV_T = enum.auto()  # src: (x, n) for the polynomials
-    CHEBYSHEV_U = enum.auto()
-    CHEBYSHEV_V = enum.auto()
-    CHEBYSHEV_W = enum.auto()
-    SHIFTED_CHEBYSHEV_T = enum.auto()
-    SHIFTED_CHEBYSHEV_U = enum.auto()
-    SHIFTED_CHEBYSHEV_V = enum.auto()
-    SHIFTED_CHEBYSHEV_W = enum.auto()
-    HERMITE_H = enum.auto()
-    HERMITE_HE = enum.auto()
-    LAGUERRE_L = enum.auto()
-    LEGENDRE_P = enum.auto()
 
 
-MATH_UNARY_OPS = frozenset(
-    {Ops.ACOSH, Ops.ASINH, Ops.ATANH, Ops.ERFC, Ops.LGAMMA, Ops.SIGNBIT, Ops.FREXP_MANTISSA, Ops.FREXP_EXPONENT}
-    | {Ops.DIGAMMA, Ops.TRIGAMMA, Ops.ERFINV, Ops.ERFCX, Ops.I0, Ops.I0E, Ops.I1, Ops.I1E, Ops.NDTRI}
-    | {Ops.AIRY_AI, Ops.BESSEL_J0, Ops.BESSEL_J1, Ops.BESSEL_Y0, Ops.BESSEL_Y1, Ops.SPHERICAL_BESSEL_J0}
-    | {Ops.MODIFIED_BESSEL_I0, Ops.MODIFIED_BESSEL_I1, Ops.MODIFIED_BESSEL_K0, Ops.MODIFIED_BESSEL_K1}
-    | {Ops.SCALED_MODIFIED_BESSEL_K0, Ops.SCALED_MODIFIED_BESSEL_K1}
-)
-MATH_BINARY_OPS = frozenset(
-    {Ops.COPYSIGN, Ops.NEXTAFTER, Ops.HYPOT, Ops.FMAX, Ops.FMIN, Ops.POLYGAMMA, Ops.ZETA, Ops.IGAMMA, Ops.IGAMMAC}
-    | {Ops.CHEBYSHEV_T, Ops.CHEBYSHEV_U, Ops.CHEBYSHEV_V, Ops.CHEBYSHEV_W, Ops.SHIFTED_CHEBYSHEV_T}
-    | {Ops.SHIFTED_CHEBYSHEV_U, Ops.SHIFTED_CHEBYSHEV_V, Ops.SHIFTED_CHEBYSHEV_W, Ops.HERMITE_H, Ops.HERMITE_HE}
-    | {Ops.LAGUERRE_L, Ops.LEGENDRE_P}
-)
+MATH_UNARY_OPS = frozenset({Ops.ACOSH, Ops.ASINH, Ops.ATANH, Ops.ERFC, Ops.LGAMMA, Ops.SIGNBIT})
+MATH_BINARY_OPS = frozenset({Ops.COPYSIGN, Ops.NEXTAFTER, Ops.HYPOT, Ops.FMAX, Ops.FMIN})
 
 
 UNARY_OPS = frozenset(
