@@ -82,7 +82,7 @@ class ShapeSpecializedGraph:
         call = self.compile_static(static_gm, [args[i] for i in tensors])
         specialized = self.tensors_only(call, tensors)
         self.compiled[key] = specialized
-        metrics.shape_specializations += 1
+        metrics.add(shape_specializations=1)
         return specialized
 
     def static_function(self, args: list[Any], tensors: list[int]) -> Callable:

@@ -85,7 +85,9 @@ def load_library(path: str) -> ctypes.CDLL:
 
 
 def load_kernel(path: str, symbol: str, num_params: int) -> ctypes._CFuncPtr:
-    fn = getattr(load_library(path), symbol)
+    """A function object of the caller's own (`lib[symbol]`; `getattr` would hand every caller
+    the one object ctypes caches, whose argtypes another thread may be setting)."""
+    fn = load_library(path)[symbol]
     fn.argtypes = [ctypes.c_void_p] * num_params
     fn.restype = None
     return fn

@@ -112,7 +112,7 @@ def search_cpu_kernel(namespace: dict, var: str, num_params: int, spec: dict) ->
     choices = [c for c, _, _ in spec["candidates"]]
     found = read_winner(Path(spec["record"]), choices)
     if found is not None:
-        metrics.search_winners_loaded += 1
+        metrics.add(search_winners_loaded=1)
         _, path, symbol = spec["candidates"][found]
         return load_kernel(path, symbol, num_params)
     # loaded now: a candidate removed from the cache fails the wrapper's load (which the
@@ -145,8 +145,7 @@ class KernelSearch:
         medians = {i: statistics.median(t) for i, t in times.items()}
         best = min(medians, key=medians.__getitem__)
         winner = best if medians[best] < (1 - SEARCH_MARGIN) * medians[0] else 0
-        metrics.kernel_searches += 1
-        metrics.search_candidates_timed += len(times)
+        metrics.add(kernel_searches=1, search_candidates_timed=len(times))
         report = [{"choices": c, "verified": i in verified, "median_us": medians.get(i, 0.0) * 1e6,
                    "samples": len(times.get(i, []))} for i, (c, _, _) in enumerate(candidates)]  # fmt: skip
         write_winner(Path(self.spec["record"]), candidates[winner][0], report)
