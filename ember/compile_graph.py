@@ -191,9 +191,16 @@ def _finish(call: Callable, path: Path, summary) -> Callable:
 
 
 def _record(summary, timings: dict[str, float]) -> None:
-    metrics.add(graphs_compiled=1, kernels_generated=summary.kernels, tiled_kernels=summary.tiled_kernels,
-                fusions=summary.fusions, fusion_refusals=summary.refusals, extern_calls=summary.extern_calls,
-                reduce_loops=summary.reduce_loops, fallback_calls=len(summary.fallback_ops))
+    metrics.add(
+        graphs_compiled=1,
+        kernels_generated=summary.kernels,
+        tiled_kernels=summary.tiled_kernels,
+        fusions=summary.fusions,
+        fusion_refusals=summary.refusals,
+        extern_calls=summary.extern_calls,
+        reduce_loops=summary.reduce_loops,
+        fallback_calls=len(summary.fallback_ops),
+    )
     metrics.tally("compile_seconds", timings)
     metrics.tally("fallback_ops", Counter(summary.fallback_ops))
     metrics.tally("pass_rewrites", summary.pass_rewrites)
