@@ -271,3 +271,30 @@ def test_threads_racing_new_shapes_of_a_dynamic_graph():
     run_threads(worker, 8)
     assert not wrong
     assert ember.metrics.shape_specializations == len(rows)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_calls_racing_first_launches_and_errors():
+    """On a GPU: first calls race the Triton launchers' tuning and fast-path compiles, and one
+    thread of four passes an index out of range; every call gets its own result or error."""
+    weight = torch.randn(4096, 256, device="cuda")
+    good = torch.randint(0, 4096, (8192,), device="cuda")
+    bad = good.clone()
+    bad[5000] = 4096
+    fn = compile_fn(embed_twice)
+    want = embed_twice(weight, good)
+    start, wrong = threading.Barrier(4, timeout=300), []
+
+    def worker(i):
+        start.wait()
+        for _ in range(50):
+            try:
+                got = fn(weight, bad if i == 3 else good)
+                if i == 3 or not torch.equal(got, want):
+                    wrong.append((i, "rows"))
+            except IndexError:
+                if i != 3:
+                    wrong.append((i, "IndexError"))
+
+    run_threads(worker, 4)
+    assert not wrong, f"{len(wrong)} wrong outcomes, e.g. {wrong[:3]}"
