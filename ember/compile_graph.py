@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -183,7 +184,7 @@ def _load_cached(gm: torch.fx.GraphModule, key: str, config: Config) -> Callable
     except Exception as e:
         graph_cache.discard_entry(cache_dir, key, e)
         return None
-    metrics.graph_cache_hits += 1
+    metrics.add(graph_cache_hits=1)
     return _finish(call, path, summary)
 
 
@@ -195,17 +196,19 @@ def _finish(call: Callable, path: Path, summary) -> Callable:
 
 
 def _record(summary, timings: dict[str, float]) -> None:
-    metrics.graphs_compiled += 1
-    metrics.compile_seconds.update(timings)
-    metrics.kernels_generated += summary.kernels
-    metrics.tiled_kernels += summary.tiled_kernels
-    metrics.fusions += summary.fusions
-    metrics.fusion_refusals += summary.refusals
-    metrics.extern_calls += summary.extern_calls
-    metrics.reduce_loops += summary.reduce_loops
-    metrics.fallback_calls += len(summary.fallback_ops)
-    metrics.fallback_ops.update(summary.fallback_ops)
-    metrics.pass_rewrites.update(summary.pass_rewrites)
+    metrics.add(
+        graphs_compiled=1,
+        kernels_generated=summary.kernels,
+        tiled_kernels=summary.tiled_kernels,
+        fusions=summary.fusions,
+        fusion_refusals=summary.refusals,
+        extern_calls=summary.extern_calls,
+        reduce_loops=summary.reduce_loops,
+        fallback_calls=len(summary.fallback_ops),
+    )
+    metrics.tally("compile_seconds", timings)
+    metrics.tally("fallback_ops", Counter(summary.fallback_ops))
+    metrics.tally("pass_rewrites", summary.pass_rewrites)
 
 
 def _has_work(step) -> bool:
@@ -272,8 +275,7 @@ class KernelBuilder:
         binaries = {}
         for i, (kernel, ast) in rendered.items():
             result = self.futures[kernel.source].result()
-            metrics.code_cache_hits += result.cache_hit
-            metrics.code_cache_misses += not result.cache_hit
+            metrics.add(code_cache_hits=result.cache_hit, code_cache_misses=not result.cache_hit)
             # identical kernels share one loaded function: the symbol is a content hash
             errors = tuple((e.error, e.message) for e in kernel.errors)
             binaries[i] = KernelBinary(result.symbol, result.relative, result.symbol, ast.params, errors, ast.inplace,

@@ -114,7 +114,7 @@ def compile_candidates(binaries: dict[int, KernelBinary], rendered: dict, config
     for i, plan in plans.items():
         records[i] = winner_record(cache_dir, plan.candidates[0][1], ember.__version__)
         found = read_winner(*records[i], [dataclasses.asdict(c) for c, _ in plan.candidates])
-        metrics.search_winners_loaded += found is not None
+        metrics.add(search_winners_loaded=found is not None)
         chosen[i] = list(range(len(plan.candidates))) if found is None else [found]
         for j, (choices, source) in enumerate(plan.candidates[1:], 1):
             debug.write(f"kernels/{rendered[i][0].name}.candidate{j}.cpp", f"// {choices}\n{source}")

@@ -65,8 +65,7 @@ def compile_triton_kernels(rendered: dict[int, tuple[TritonKernel, tuple[str, ..
     binaries = {}
     for i, (kernel, params) in rendered.items():
         path, sha256, cached = write_module(kernel.source, Path(config.cache_dir), interpret, ember.__version__)
-        metrics.code_cache_hits += cached
-        metrics.code_cache_misses += not cached
+        metrics.add(code_cache_hits=cached, code_cache_misses=not cached)
         errors = tuple((e.error, e.message) for e in kernel.errors)
         written = [j for j, (_, _, w) in enumerate(kernel.params) if w]
         launch = {"variants": kernel.variants, "xnumel": kernel.xnumel, "rnumel": kernel.rnumel,

@@ -48,7 +48,7 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
         return eager_fallback(gm, EmberError("frontend", f"AOTAutograd could not trace the graph: {e}"))
     finally:  # AOTAutograd's tracing and partitioning: the time not spent in ember's own stages
         inside = metrics.compile_seconds.total() - ember_seconds
-        metrics.compile_seconds["aot_autograd"] += time.perf_counter() - start - inside
+        metrics.tally("compile_seconds", {"aot_autograd": time.perf_counter() - start - inside})
 
 
 def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config) -> Callable:
@@ -64,7 +64,7 @@ def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], con
 
 
 def eager_fallback(gm: torch.fx.GraphModule, error: Exception) -> Callable:
-    metrics.graphs_failed += 1
+    metrics.add(graphs_failed=1)
     warnings.warn(f"{error}\nember: running this graph eagerly instead (set EMBER_STRICT=1 to raise).", stacklevel=3)
     return gm.forward
 

@@ -8,8 +8,15 @@ ember.metrics.kernels_generated, ember.metrics.fallback_ops
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+# Graphs run and compile on several threads at once, and `x += n` on an attribute is a read and
+# a write that another thread can come between: every change to the counters is one step under
+# this lock (Metrics.add, Metrics.tally, Metrics.reset).
+_lock = threading.Lock()
 
 
 @dataclass
@@ -39,12 +46,23 @@ class Metrics:
     shape_specializations: int = 0  # static graphs compiled from a symbolic one (shape_specialization.py)
     pooled_buffers_reused: int = 0  # large CPU buffers lent again from the pool (runtime/memory.py)
 
+    def add(self, **amounts: float) -> None:
+        """Add to counters by name, e.g. `metrics.add(kernel_searches=1)`."""
+        with _lock:
+            for name, amount in amounts.items():
+                setattr(self, name, getattr(self, name) + amount)
+
+    def tally(self, name: str, counts: Mapping[str, float]) -> None:
+        """Add `counts` into the Counter field `name` (fallback_ops, compile_seconds, ...)."""
+        with _lock:
+            getattr(self, name).update(counts)
+
     def reset(self) -> None:
-        fresh = Metrics()
-        self.__dict__.update(fresh.__dict__)
+        with _lock:
+            self.__dict__.update(Metrics().__dict__)
 
 
-# The process-wide counters; owned by this module and only ever added to by compile_graph (and
-# by the kernel search, runtime/search.py, which runs at a compiled graph's first call, and the
-# buffer pool, runtime/memory.py, which counts at every call).
+# The process-wide counters; owned by this module and only ever added to through `add` and
+# `tally`, by compile_graph (and by the kernel search, runtime/search.py, which runs at a
+# compiled graph's first call, and the buffer pool, runtime/memory.py, which counts at every call).
 metrics = Metrics()

@@ -5,8 +5,8 @@ Note: dynamic shapes by specialization
     recompiles a function whose input shapes change with those dims *symbolic*, so the second
     batch size a user runs used to reach ember as a graph of SymInts and run eagerly. Instead,
     such a graph is compiled at its first call with each new set of concrete shapes: the
-    symbolic aten graph is traced again with fake tensors of the call's shapes and strides
-    (`make_fx`), its SymInt inputs and every size it computes become constants, and the static
+    symbolic aten graph is run again on fake tensors of the call's shapes and strides
+    (`static_graph`), its SymInt inputs and every size it computes become constants, and the static
     graph goes through `compile_graph` like any other (graph cache included). The compiled
     graphs are kept per (shapes, strides, dtypes, devices, scalar values), up to
     `config.shape_specializations`; past that, new shapes run the graph eagerly with one warning.
@@ -21,7 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_flatten
 
 from ember.metrics import metrics
 
@@ -78,24 +79,12 @@ class ShapeSpecializedGraph:
                               "new shapes run eagerly (raise EMBER_SHAPE_SPECIALIZATIONS)", stacklevel=3)  # fmt: skip
             return self.run_eagerly
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        static_gm = make_fx(self.static_function(args, tensors), tracing_mode="fake")(*[args[i] for i in tensors])
+        static_gm = static_graph(self.gm, args)
         call = self.compile_static(static_gm, [args[i] for i in tensors])
         specialized = self.tensors_only(call, tensors)
         self.compiled[key] = specialized
-        metrics.shape_specializations += 1
+        metrics.add(shape_specializations=1)
         return specialized
-
-    def static_function(self, args: list[Any], tensors: list[int]) -> Callable:
-        """The graph with this call's scalars (SymInt sizes) fixed: a function of its tensors."""
-        template = list(args)
-
-        def run(*tensor_args):
-            full = list(template)
-            for i, t in zip(tensors, tensor_args):
-                full[i] = t
-            return self.gm(*full)
-
-        return run
 
     @staticmethod
     def tensors_only(call: Callable, tensors: list[int]) -> Callable:
@@ -107,3 +96,40 @@ class ShapeSpecializedGraph:
 
     def run_eagerly(self, args: list[Any]) -> Any:
         return self.gm(*args)
+
+
+def static_graph(gm: torch.fx.GraphModule, args: list[Any]) -> torch.fx.GraphModule:
+    """`gm` for this call's shapes: its tensor inputs only, every scalar it computes (a SymInt
+    input, a size, an assert on sizes) folded to its value, each node's fake value recomputed.
+
+    Not `make_fx`: FX tracing sets a process-wide flag (`torch.fx._symbolic_trace`) under which
+    dynamo refuses to run any compiled function, so specializing on one thread made other
+    threads' compiled calls raise. Running the graph's ops on fake tensors sets no such flag."""
+    graph, env, values = torch.fx.Graph(), {}, {}
+    inputs = iter(args)
+    with FakeTensorMode() as mode, torch.no_grad():
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                arg = next(inputs)
+                values[node] = mode.from_tensor(arg) if isinstance(arg, torch.Tensor) else arg
+            elif node.op == "get_attr":
+                values[node] = mode.from_tensor(getattr(gm, node.target))
+            elif node.op == "call_function":
+                call_args, call_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
+                values[node] = node.target(*call_args, **call_kwargs)
+            else:  # output
+                graph.output(torch.fx.node.map_arg(node.args[0], env.__getitem__))
+                continue
+            env[node] = _static_node(graph, node, values[node], env)
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _static_node(graph: torch.fx.Graph, node: torch.fx.Node, value: Any, env: dict) -> Any:
+    """The node of the static graph for `node` (its value `value` on fake tensors), or the
+    value itself when it holds no tensor: a scalar is a constant of this specialization."""
+    if not any(isinstance(v, torch.Tensor) for v in tree_flatten(value)[0]):
+        return value
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
+    made = graph.create_node(node.op, node.target, args, kwargs, name=node.name)
+    made.meta = {k: v for k, v in node.meta.items() if k != "tensor_meta"} | {"val": value}
+    return made

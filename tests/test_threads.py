@@ -5,6 +5,7 @@ point that used to be unguarded), and stressed with many threads elsewhere; ever
 checked against eager. The buffer pool's own tests are in test_buffer_pool.py."""
 
 import os
+import sys
 import threading
 
 import pytest
@@ -86,6 +87,207 @@ def test_errors_stay_with_their_calls_under_stress():
 
     def worker(i):
         for _ in range(150):
+            try:
+                got = fn(weight, bad if i == 3 else good)
+                if i == 3 or not torch.equal(got, want):
+                    wrong.append((i, "rows"))
+            except IndexError:
+                if i != 3:
+                    wrong.append((i, "IndexError"))
+
+    run_threads(worker, 4)
+    assert not wrong, f"{len(wrong)} wrong outcomes, e.g. {wrong[:3]}"
+
+
+# ---- the Triton launcher (a stand-in module: the fast launch path runs only on a GPU) -------
+
+
+class StandInKernel:
+    """What `fn[(grid,)](...)` returns: a compiled kernel that records how it is run."""
+
+    def __init__(self, grid: int, blocks: dict, runs: list) -> None:
+        self.grid, self.blocks, self.runs = grid, tuple(blocks.values()), runs
+        self.function = self.packed_metadata = None
+
+    def run(self, grid, _y, _z, _stream, _function, _metadata, _a, _b, _c, *args):
+        self.runs.append((grid, args[-len(self.blocks) :], (self.grid, self.blocks)))
+
+
+class StandInJit:
+    def __init__(self, runs: list) -> None:
+        self.runs = runs
+
+    def __getitem__(self, grid):
+        def launch(*args, num_warps=0, enable_fp_fusion=True, **blocks):
+            return StandInKernel(grid[0], blocks, self.runs)
+
+        return launch
+
+
+@pytest.fixture
+def stand_in_launcher(monkeypatch):
+    from ember.runtime import triton as triton_runtime
+
+    runs: list = []
+    module = type("StandInModule", (), {"k_pointwise": StandInJit(runs)})
+    monkeypatch.setattr(triton_runtime, "import_module", lambda path, interpret: module)
+    monkeypatch.setattr(triton_runtime, "torch_cuda_current_device", lambda: 0)
+    monkeypatch.setattr(triton_runtime, "raw_stream", lambda device: 0)
+    launcher = triton_runtime.TritonLauncher("k.py", "k", ["pointwise"], 4096, 0, [0], interpret=False,
+                                             autotune=False)  # fmt: skip
+    return launcher, runs
+
+
+def test_a_trial_launch_never_changes_what_other_calls_run(stand_in_launcher):
+    """A benchmark (another thread's first call) launches other configurations on the launcher:
+    the fast path of every later call still runs the chosen one's grid and block sizes."""
+    from ember.runtime.triton import LaunchConfig
+
+    launcher, runs = stand_in_launcher
+    t = torch.zeros(4096)
+    launcher(t)  # chooses (XBLOCK 1024: a grid of 4) and compiles for this alignment
+    launcher.launch(LaunchConfig("pointwise", 256, 0, 2), (t,))  # a trial, as `benchmark` runs them
+    launcher(t)
+    assert runs, "the second call took the fast path"
+    for grid, blocks, compiled_for in runs:
+        assert (grid, blocks) == compiled_for == (4, (1024,))
+
+
+def test_racing_first_calls_choose_a_configuration_once(stand_in_launcher, monkeypatch):
+    launcher, _ = stand_in_launcher
+    choose, entered, second = type(launcher).choose, [], threading.Event()
+
+    def slow_choose(self, args):
+        entered.append(threading.current_thread().name)
+        if len(entered) == 1:
+            second.wait(2)  # would another thread come in meanwhile?
+        else:
+            second.set()
+        return choose(self, args)
+
+    monkeypatch.setattr(type(launcher), "choose", slow_choose)
+    start = threading.Barrier(4, timeout=60)
+
+    def worker(i):
+        start.wait()
+        launcher(torch.zeros(4096))
+
+    run_threads(worker, 4)
+    assert len(entered) == 1, f"chosen by {entered}"
+
+
+# ---- UOp interning and metrics ---------------------------------------------------------------
+
+
+def test_two_threads_building_one_uop_get_one_object(monkeypatch):
+    """Both threads miss the intern table before either fills it (the barrier in __init__ lets
+    them meet there if the miss is not guarded): they must still get one object."""
+    from ember.uop.dtypes import dtypes
+    from ember.uop.ops import Ops, UOp
+
+    meeting, init = threading.Barrier(2), UOp.__init__
+
+    def meeting_init(self, op, dtype=dtypes.void, src=(), arg=None):
+        if arg == "thread-test":
+            try:
+                meeting.wait(1)
+            except threading.BrokenBarrierError:
+                pass  # the other thread waits for the table: as it should
+        init(self, op, dtype, src, arg)
+
+    monkeypatch.setattr(UOp, "__init__", meeting_init)
+    made = [None, None]
+
+    def worker(i):
+        made[i] = UOp(Ops.SINK, dtypes.void, (), "thread-test")
+
+    run_threads(worker, 2)
+    assert made[0] is made[1]
+
+
+def test_metrics_counted_from_many_threads_are_exact():
+    import ember
+
+    ember.metrics.reset()
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        run_threads(lambda i: [ember.metrics.add(kernel_searches=1) for _ in range(20000)], 8)
+    finally:
+        sys.setswitchinterval(switch)
+    assert ember.metrics.kernel_searches == 8 * 20000
+
+
+# ---- first calls racing: kernel search, shape specialization -------------------------------
+
+
+def softmax_rows(x, w):
+    return torch.softmax(x * w, dim=-1) + x.mean(-1, keepdim=True)
+
+
+def test_threads_racing_a_kernel_search_all_get_eagers_result(tmp_path, monkeypatch):
+    import ember
+
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))  # no earlier winner: a search runs
+    x, w = torch.randn(256, 512), torch.randn(512)
+    torch._dynamo.reset()
+    fn = ember.compile(softmax_rows, dynamic=False, kernel_search=True)
+    want = softmax_rows(x.double(), w.double()).float()
+    start, results = threading.Barrier(4, timeout=120), {}
+
+    def worker(i):
+        start.wait()
+        with torch.no_grad():
+            results[i] = [fn(x, w) for _ in range(3)]
+
+    fn_compiled_first = fn(x[:1].clone().expand(256, 512).contiguous(), w)  # compile, but search at the threads
+    del fn_compiled_first
+    ember.metrics.reset()
+    run_threads(worker, 4)
+    for outs in results.values():
+        for out in outs:
+            torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_threads_racing_new_shapes_of_a_dynamic_graph():
+    import ember
+
+    torch._dynamo.reset()
+    fn = torch.compile(softmax_rows, backend="ember", dynamic=True)
+    w = torch.randn(64)
+    fn(torch.randn(3, 64), w)  # the symbolic graph; its shapes are specialized at the threads' calls
+    ember.metrics.reset()
+    rows = [5, 9, 17, 33]
+    start, wrong = threading.Barrier(8, timeout=120), []
+
+    def worker(i):
+        start.wait()
+        for r in range(6):
+            x = torch.randn(rows[(i + r) % len(rows)], 64)
+            got = fn(x, w)
+            if not torch.allclose(got, softmax_rows(x.double(), w.double()).float(), rtol=1e-5, atol=1e-5):
+                wrong.append((i, r))
+
+    run_threads(worker, 8)
+    assert not wrong
+    assert ember.metrics.shape_specializations == len(rows)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_calls_racing_first_launches_and_errors():
+    """On a GPU: first calls race the Triton launchers' tuning and fast-path compiles, and one
+    thread of four passes an index out of range; every call gets its own result or error."""
+    weight = torch.randn(4096, 256, device="cuda")
+    good = torch.randint(0, 4096, (8192,), device="cuda")
+    bad = good.clone()
+    bad[5000] = 4096
+    fn = compile_fn(embed_twice)
+    want = embed_twice(weight, good)
+    start, wrong = threading.Barrier(4, timeout=300), []
+
+    def worker(i):
+        start.wait()
+        for _ in range(50):
             try:
                 got = fn(weight, bad if i == 3 else good)
                 if i == 3 or not torch.equal(got, want):

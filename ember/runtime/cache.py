@@ -308,6 +308,6 @@ def discard(reason: BaseException | str, *paths: Path) -> None:
 
 
 def count_rebuilt(what: str, reason: BaseException | str) -> None:
-    metrics.cache_entries_rebuilt += 1
+    metrics.add(cache_entries_rebuilt=1)
     why = f"{type(reason).__name__}: {reason}" if isinstance(reason, BaseException) else reason
     log.debug("cache: discarding %s (%s); it is rebuilt", what, why)

@@ -149,7 +149,9 @@ def load_cached_kernel(root: str, relative: str, sha256: str, symbol: str, num_p
 
 
 def _bind(library: ctypes.CDLL, symbol: str, num_params: int) -> ctypes._CFuncPtr:
-    fn = getattr(library, symbol)
+    """A function object of the caller's own (`library[symbol]`; `getattr` would hand every
+    caller the one object ctypes caches, whose argtypes another thread may be setting)."""
+    fn = library[symbol]
     fn.argtypes = [ctypes.c_void_p] * num_params
     fn.restype = None
     return fn

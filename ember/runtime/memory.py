@@ -119,7 +119,7 @@ class BufferPool:
         with self._lock:
             for storage in self._storages.get(nbytes, ()):
                 if _use_count(storage) == 1:
-                    metrics.pooled_buffers_reused += 1
+                    metrics.add(pooled_buffers_reused=1)
                     return _tensor_on(storage, size, stride, dtype)
             fresh = torch.UntypedStorage(nbytes)
             if huge_pages:

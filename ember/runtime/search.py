@@ -113,7 +113,7 @@ def search_cpu_kernel(namespace: dict, var: str, num_params: int, spec: dict) ->
     choices = [c for c, _, _, _ in spec["candidates"]]
     found = read_winner(resolve_in_root(root, spec["record"]), spec["record_key"], choices)
     if found is not None:
-        metrics.search_winners_loaded += 1
+        metrics.add(search_winners_loaded=1)
         _, path, sha256, symbol = spec["candidates"][found]
         return load_cached_kernel(root, path, sha256, symbol, num_params)
     # loaded now: a candidate removed from the cache fails the wrapper's load (which the
@@ -146,8 +146,7 @@ class KernelSearch:
         medians = {i: statistics.median(t) for i, t in times.items()}
         best = min(medians, key=medians.__getitem__)
         winner = best if medians[best] < (1 - SEARCH_MARGIN) * medians[0] else 0
-        metrics.kernel_searches += 1
-        metrics.search_candidates_timed += len(times)
+        metrics.add(kernel_searches=1, search_candidates_timed=len(times))
         report = [{"choices": c, "verified": i in verified, "median_us": medians.get(i, 0.0) * 1e6,
                    "samples": len(times.get(i, []))} for i, (c, _, _, _) in enumerate(candidates)]  # fmt: skip
         record = resolve_in_root(self.namespace["_cache_root"], self.spec["record"])

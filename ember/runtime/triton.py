@@ -162,7 +162,12 @@ def raw_stream(device: int) -> int:
 
 
 class TritonLauncher:
-    """One kernel as the wrapper calls it: `launcher(*tensors)`."""
+    """One kernel as the wrapper calls it: `launcher(*tensors)`.
+
+    Threads may call one launcher at once: the first call's choice of configuration and each
+    first launch for an alignment run under `lock`, and what the fast path reads (config, grid,
+    block sizes, compiled kernels) is published only once complete; `launch` itself changes
+    nothing shared, so a benchmark's trial launches never alter what other calls run."""
 
     def __init__(self, module: ModuleType, name: str, variants: list[str], xnumel: int, rnumel: int,
                  written: list[int], interpret: bool, autotune: bool = True, xextent: int = 0) -> None:  # fmt: skip
@@ -172,10 +177,12 @@ class TritonLauncher:
         self.config: LaunchConfig | None = None
         self.compiled: dict[tuple, Any] = {}  # pointer alignments -> compiled kernel
         self.grid, self.constexprs, self.stream_device = 0, (), 0
+        self.lock = threading.Lock()
 
     def __call__(self, *args: Any) -> None:
         if self.config is None:
-            self.config = self.choose(args)
+            self.configure(args)
+        assert self.config is not None
         if self.interpret:
             self.launch(self.config, args)
             return
@@ -185,22 +192,36 @@ class TritonLauncher:
         aligned = tuple(isinstance(a, int) or a.data_ptr() % 16 == 0 for a in args)  # (an int: the seed)
         kernel = self.compiled.get(aligned)
         if kernel is None:
-            self.compiled[aligned] = self.launch(self.config, args)
-            self.stream_device = torch_cuda_current_device()
-            return
+            with self.lock:
+                if aligned not in self.compiled:
+                    self.stream_device = torch_cuda_current_device()
+                    self.compiled[aligned] = self.launch(self.config, args)
+                    return
+                kernel = self.compiled[aligned]
         stream = raw_stream(self.stream_device)
         kernel.run(self.grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
                    *args, *self.constexprs)  # fmt: skip
 
+    def configure(self, args: tuple) -> None:
+        """Choose the launch configuration once, whichever threads make the first calls."""
+        with self.lock:
+            if self.config is None:
+                config = self.choose(args)
+                self.grid, blocks = self.grid_and_blocks(config)
+                self.constexprs = tuple(blocks.values())
+                self.config = config  # last: the fast path reads grid and constexprs once config is set
+
+    def grid_and_blocks(self, config: LaunchConfig) -> tuple[int, dict[str, int]]:
+        grid = (self.xnumel + config.xblock - 1) // config.xblock
+        return grid, {"XBLOCK": config.xblock} | ({"RBLOCK": config.rblock} if config.rblock else {})
+
     def launch(self, config: LaunchConfig, args: tuple) -> Any:
         fn = getattr(self.module, f"{self.name}_{config.variant}")
-        self.grid = (self.xnumel + config.xblock - 1) // config.xblock
-        blocks = {"XBLOCK": config.xblock} | ({"RBLOCK": config.rblock} if config.rblock else {})
-        self.constexprs = tuple(blocks.values())
+        grid, blocks = self.grid_and_blocks(config)
         if self.interpret:
-            return fn[(self.grid,)](*args, **blocks)
+            return fn[(grid,)](*args, **blocks)
         # no FMA contraction: eager rounds a product and a sum separately
-        return fn[(self.grid,)](*args, **blocks, num_warps=config.num_warps, enable_fp_fusion=False)
+        return fn[(grid,)](*args, **blocks, num_warps=config.num_warps, enable_fp_fusion=False)
 
     def tuning_record(self, device_name: str) -> tuple[Path, str]:
         """Where the winner for this module on `device_name` is recorded, and its key."""

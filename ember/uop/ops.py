@@ -7,7 +7,8 @@ equal UOp returns the existing object. So common subexpressions merge as they ar
 Note: UOp interning
     The intern table is owned by `_UOpMeta` and holds weak references, so UOps nobody
     uses are collected. It is the only module-level mutable state in ember's core, and it
-    is safe because UOps are immutable.
+    is safe because UOps are immutable and a miss is looked up again and filled under a lock:
+    two threads building one UOp at once get one object (else `is` would tell them apart).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import enum
 import functools
 import hashlib
 import math
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -181,6 +183,7 @@ class CheckArg:
 
 class _UOpMeta(type):
     _interned: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+    _intern_lock = threading.RLock()
 
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
         # floats key by repr: 0.0 == -0.0 and nan != nan must not merge or split constants
@@ -188,9 +191,12 @@ class _UOpMeta(type):
         key = (op, dtype, tuple(id(s) for s in src), arg_key, type(arg))
         if (found := _UOpMeta._interned.get(key)) is not None:
             return found
-        made = super().__call__(op, dtype, tuple(src), arg)
-        _UOpMeta._interned[key] = made
-        return made
+        with _UOpMeta._intern_lock:  # a miss: look again and make it as one step (Note: UOp interning)
+            if (found := _UOpMeta._interned.get(key)) is not None:
+                return found
+            made = super().__call__(op, dtype, tuple(src), arg)
+            _UOpMeta._interned[key] = made
+            return made
 
 
 class UOp(metaclass=_UOpMeta):
