@@ -80,6 +80,7 @@ def generate_wrapper(
     body += [L.DrawSeed(b, triton) for b in graph.buffers.values() if b.kind == "seed" and b.name in read]
     freed = graph_last_uses(graph, steps)
     dropped = input_last_uses(graph, steps)
+    body += [L.Del(unread)] if (unread := unread_inputs(graph, steps)) else []
     for i, step in enumerate(steps):
         if isinstance(step, KernelStep):
             inplace = kernels[i].inplace if i in kernels else {}
@@ -131,6 +132,14 @@ def input_last_uses(graph: LoweredGraph, steps: list[Step]) -> list[list[str]]:
     not_inputs = {name for step in steps for name in (*reads_of(step), *writes_of(step))} - inputs
     return [[name for name in names if name in inputs] for names in
             last_uses(steps, keep=outputs | not_inputs | set(graph.constants))]  # fmt: skip
+
+
+def unread_inputs(graph: LoweredGraph, steps: list[Step]) -> list[str]:
+    """Inputs no step reads and no output returns (a backward's saved tensor that its kernels
+    recompute from others): dropped as soon as their layouts are checked."""
+    used = {name for step in steps for name in (*reads_of(step), *writes_of(step))}
+    used |= {o.ref.name for o in graph.outputs if o.ref is not None}
+    return [b.name for b in graph.inputs if b.name not in used]
 
 
 def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: list[L.Line],
