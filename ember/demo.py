@@ -111,7 +111,8 @@ def main() -> None:
     print(f"matches eager (float64 reference): {ok}  (max abs error {error:.2e})")
     print(f"kernels: {ember.metrics.kernels_generated}, fallbacks: {ember.metrics.fallback_calls}")
     print(f"compile time (dynamo + ember, incl. gcc unless cached): {compile_seconds:.2f} s")
-    print(f"median of {ROUNDS} alternating calls each, after {WARMUP} warm-up calls, {torch.get_num_threads()} threads:")
+    threads = torch.get_num_threads()
+    print(f"median of {ROUNDS} alternating calls each, after {WARMUP} warm-up calls, {threads} threads:")
     eager_s, ember_s = seconds["eager"], seconds["ember"]
     print(f"eager: {eager_s * 1e3:.2f} ms   ember: {ember_s * 1e3:.2f} ms   speedup: {eager_s / ember_s:.2f}x")
     if not ok:

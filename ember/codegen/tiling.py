@@ -2,11 +2,12 @@
 
 Note: 2-D tiles
     order_loops puts the loop the output is contiguous along (`col`) innermost. A pointwise
-    kernel that also reads an input contiguous (or a few elements apart: `x.t()[::2]`) along
-    another loop (`row`) -- a transpose copy, `x.permute(0, 2, 1) + y`, NCHW <-> NHWC -- then
-    reads that input `stride` elements apart in its innermost loop: one cache line (and soon one page) per element, and by the
-    time the walk comes back for the line's next element it has been evicted. Tiling splits
-    both loops into a tile loop and an element loop, the tile loops outside:
+    kernel that also reads an input contiguous (or a few elements apart: `x.t()[::2]`)
+    along another loop (`row`) -- a transpose copy, `x.permute(0, 2, 1) + y`, NCHW <-> NHWC
+    -- then reads that input `stride` elements apart in its innermost loop: one cache line
+    (and soon one page) per element, and by the time the walk comes back for the line's next
+    element it has been evicted. Tiling splits both loops into a tile loop and an element loop,
+    the tile loops outside:
 
         for (r_t = 0; r_t < ROWS; r_t += T)               tile loops (parallel over tiles)
           for (c_t = 0; c_t < COLS; c_t += T)
