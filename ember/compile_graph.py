@@ -65,6 +65,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
     received = gm.print_readable(print_output=False) if config.debug else ""
     timings: dict[str, float] = {}
     versions = graph_identity(kernel_identity(config.cxx))
+    versions += f" threads={torch.get_num_threads()}"  # the oneDNN rewrites depend on it (passes/mkldnn.py)
     # Note: the graph cache key and the passes. ember's own passes are a function of the graph,
     # the config and ember's source, all in the key: without user hooks the graph is keyed as
     # received, and a hit skips the passes too. A user's hook may do anything, so with hooks

@@ -269,11 +269,19 @@ def small_linears(monkeypatch):
     """Rewrite the tests' small linears too (by default only those worth a oneDNN call); the
     graph cache, keyed by source and config, cannot tell the patched threshold apart."""
     monkeypatch.setattr(mkldnn, "LINEAR_MIN_MACS", 0)
+    monkeypatch.setattr(mkldnn, "linear_scratchpad_bytes", lambda *args: 0)
+    monkeypatch.setenv("EMBER_GRAPH_CACHE", "0")
+
+
+@pytest.fixture
+def free_scratchpad(monkeypatch):
+    """oneDNN's scratchpad taken as free (Note: oneDNN's scratchpad): only the size rule decides."""
+    monkeypatch.setattr(mkldnn, "linear_scratchpad_bytes", lambda *args: 0)
     monkeypatch.setenv("EMBER_GRAPH_CACHE", "0")
 
 
 @needs_mkldnn
-def test_small_linears_stay_with_aten():
+def test_small_linears_stay_with_aten(free_scratchpad):
     check_inference(eval_model(nn.Linear(64, 64)), data((128, 64)))
     assert ember.metrics.pass_rewrites["mkldnn_linear"] == 0
     check_inference(eval_model(nn.Linear(64, 64)), data((256, 64)))

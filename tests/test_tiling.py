@@ -113,3 +113,18 @@ def test_integer_division_checks_in_tiles():
     check(lambda a, b: (a.t() // b).contiguous(), a, b)
     check(lambda a, b: torch.where(a.t() > 0, a.t(), b) * 3, a, b)
     _tiled(2)
+
+
+@pytest.mark.parametrize("step", [2, 3, 15])
+def test_reads_a_few_elements_apart_along_another_loop(step):
+    """`x.t()[::step]` read into a row-major result: the load's step along the row loop is
+    `step`, not 1; the innermost loop still reads a row apart, so the kernel is tiled."""
+    x, y = torch.randn(600, 4 * step * 33), torch.randn(600, 4 * step * 33)
+    check(lambda x, y: (torch.sigmoid(x.t()[::step]) * y.t()[::step]).contiguous(), x, y)
+    _tiled(1)
+
+
+def test_reads_sixteen_apart_along_both_loops_are_not_tiled():
+    x = torch.randn(32 * 20, 16 * 70)
+    check(lambda x: x.t()[::16].contiguous(), x)  # no loop to tile it along
+    _tiled(0)

@@ -2,11 +2,12 @@
 
 Note: 2-D tiles
     order_loops puts the loop the output is contiguous along (`col`) innermost. A pointwise
-    kernel that also reads an input contiguous along another loop (`row`) -- a transpose
-    copy, `x.permute(0, 2, 1) + y`, NCHW <-> NHWC -- then reads that input `stride` elements
-    apart in its innermost loop: one cache line (and soon one page) per element, and by the
-    time the walk comes back for the line's next element it has been evicted. Tiling splits
-    both loops into a tile loop and an element loop, the tile loops outside:
+    kernel that also reads an input contiguous (or a few elements apart: `x.t()[::2]`)
+    along another loop (`row`) -- a transpose copy, `x.permute(0, 2, 1) + y`, NCHW <-> NHWC
+    -- then reads that input `stride` elements apart in its innermost loop: one cache line
+    (and soon one page) per element, and by the time the walk comes back for the line's next
+    element it has been evicted. Tiling splits both loops into a tile loop and an element loop,
+    the tile loops outside:
 
         for (r_t = 0; r_t < ROWS; r_t += T)               tile loops (parallel over tiles)
           for (c_t = 0; c_t < COLS; c_t += T)
@@ -52,7 +53,8 @@ def tile_loops(sink: UOp) -> UOp:
 
 def choose_tiled_loops(sink: UOp, loops: list[UOp]) -> tuple[UOp, UOp, int] | None:
     """(row, col, tile size): `col` the innermost loop, contiguous in every store; `row` the
-    loop some load is contiguous along while it reads `col` MIN_STRIDE or more apart."""
+    loop some load reads fewer than MIN_STRIDE elements apart along (contiguous, or a small
+    step) while it reads `col` MIN_STRIDE or more apart."""
     if len(loops) < 2:
         return None
     col = loops[-1]
@@ -64,10 +66,19 @@ def choose_tiled_loops(sink: UOp, loops: list[UOp]) -> tuple[UOp, UOp, int] | No
         coefficients = _coefficients(load.src[1])
         if abs(coefficients.get(col, 0)) < MIN_STRIDE:
             continue
-        rows = [r for r in loops[:-1] if abs(coefficients.get(r, 0)) == 1]
-        if rows and col.src[0].arg >= size and rows[-1].src[0].arg >= size:
-            return rows[-1], col, min(size, tile_size(load.dtype.itemsize))
+        row = _nearest_loop(coefficients, loops[:-1])
+        if row is not None and col.src[0].arg >= size and row.src[0].arg >= size:
+            return row, col, min(size, tile_size(load.dtype.itemsize))
     return None
+
+
+def _nearest_loop(coefficients: dict[UOp, int], loops: list[UOp]) -> UOp | None:
+    """The loop along which the load reads closest together, when that is under MIN_STRIDE
+    elements apart: 1 (contiguous, a transpose) or a small step (`x.t()[::2]` reads every
+    other element: a T x T tile then spans 2T elements of each input row, still a few KiB).
+    Ties go to the innermost."""
+    near = [r for r in loops if 0 < abs(coefficients.get(r, 0)) < MIN_STRIDE]
+    return min(reversed(near), key=lambda r: abs(coefficients[r]), default=None)
 
 
 def tile_size(itemsize: int) -> int:

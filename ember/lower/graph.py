@@ -222,7 +222,7 @@ def _output_buffer(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue
             return BufferRef(buffer.name, read[1], buffer.dtype)
     if eager is not None and 0 in eager.stride:
         return _realize_broadcast(ctx, node.name, value, eager)
-    return ctx.realize(value, node.name, eager or Layout.contiguous(value.shape), fresh=True)
+    return ctx.realize(value, node.name, eager or _dense_in_eager_order(node.meta.get("val"), value.shape), fresh=True)
 
 
 # Note: outputs in eager's layout
@@ -247,6 +247,24 @@ def _eager_output_layout(meta: Any, shape: tuple[int, ...]) -> Layout | None:
             return None
         expected *= shape[i]
     return Layout(shape, stride)
+
+
+def _dense_in_eager_order(meta: Any, shape: tuple[int, ...]) -> Layout:
+    """A dense layout whose dims are in the order of eager's strides, for an output eager returns
+    as a strided view (`x.t()[::2]`: strides (2, 2048) -> (1, 1024)). Eager's intermediate
+    follows its inputs' memory order (TensorIterator does), so this order walks the inputs as
+    eager does, where row-major would read them a row apart per element. Row-major when eager's
+    strides say nothing (no meta, broadcast or negative strides)."""
+    if not isinstance(meta, torch.Tensor) or tuple(meta.shape) != shape:
+        return Layout.contiguous(shape)
+    if any(st < 0 or (st == 0 and n != 1) for n, st in zip(shape, meta.stride())):
+        return Layout.contiguous(shape)
+    order = sorted(range(len(shape)), key=lambda i: (-meta.stride(i), i))  # outermost first
+    stride, expected = [0] * len(shape), 1
+    for i in reversed(order):
+        stride[i] = expected
+        expected *= max(shape[i], 1)
+    return Layout(shape, tuple(stride))
 
 
 def _realize_broadcast(ctx: LoweringContext, origin: str, value: TensorValue, layout: Layout) -> BufferRef:

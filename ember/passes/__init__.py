@@ -44,6 +44,7 @@ def run_passes(gm: torch.fx.GraphModule, config: Config) -> tuple[torch.fx.Graph
         if config.conv_channels_last:
             rewrites["channels_last"] += layout.channels_last_convolutions(graph)
         if config.mkldnn_fusion and mkldnn.applicable():
+            mkldnn.annotate_headroom(graph)  # Note: oneDNN's scratchpad
             rewrites["mkldnn_linear"] += mkldnn.pm_mkldnn_linear.apply(graph)
             if config.mkldnn_relu:
                 rewrites["mkldnn_linear"] += mkldnn.pm_mkldnn_linear_relu.apply(graph)

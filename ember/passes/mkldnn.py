@@ -19,6 +19,9 @@ relu is a post-op only under config.mkldnn_relu (EMBER_MKLDNN_RELU=1): oneDNN's 
 to 0 where aten keeps NaN. Without it, relu stays an ember kernel, fused with whatever reads
 the convolution's output (the next convolution's NHWC copy, a pooling reduction).
 
+A linear is rewritten only where oneDNN's scratchpad does not raise the graph's peak memory
+(Note: oneDNN's scratchpad).
+
 Only CPU float32 calls are rewritten, and only when mkldnn is available (`applicable`);
 convolutions only when their input is NHWC (after layout.py): torch's fake kernel for
 `_convolution_pointwise` always answers an NHWC result, which the real one gives only then.
@@ -32,6 +35,7 @@ import torch
 import torch.fx
 
 from ember.passes import meta
+from ember.passes.eager_memory import headroom_bytes
 from ember.passes.matcher import FxPat, FxPatternMatcher
 
 aten = torch.ops.aten
@@ -50,6 +54,41 @@ RELU_POST_OP = {aten.relu.default: ("relu", "")}
 # oneDNN's linear costs ~10 us more per call than aten's addmm (one thread): it wins from about
 # a million multiply-adds (2048x64x10: 37 vs 83 us; 128x64x64: 19 vs 14 us; 16x8x4: 14 vs 3 us)
 LINEAR_MIN_MACS = 1 << 20
+
+
+# Note: oneDNN's scratchpad
+# oneDNN's matmul takes a scratchpad from torch's allocator on every call, freed when it returns:
+# per thread, a K x 64 panel of the weight copied into its own layout (K capped at 1024, rounded
+# up to 16), and a copy of the whole input when that is not row-major (so a transposed input,
+# a weight gradient's, stays with aten, whose BLAS reads it in place) (measured with
+# torch.profiler's memory events for oneDNN 3.x; tests/test_passes.py checks the bound on several
+# shapes). MKL's sgemm behind aten's addmm packs into buffers it keeps from call to call, so a
+# oneDNN linear costs memory where an addmm costs none: 2 MiB per call at 16 threads, more than
+# the activations of a small model. So a matmul becomes a oneDNN linear only where that
+# scratchpad fits under the peak the graph reaches anyway, run op by op as eager runs it
+# (eager_memory.py `headroom_bytes`); ember's fused kernels hold no more than that at any point.
+# The decision depends on the thread count, which is in the graph cache key.
+HEADROOM = "ember_headroom_bytes"  # node.meta key: what annotate_headroom found for the node
+WEIGHT_PANEL = 64  # columns of the weight panel each thread copies
+MAX_PANEL_DEPTH = 1024
+PER_THREAD_BYTES = 1024  # oneDNN's own bookkeeping per thread, rounded up
+
+
+def annotate_headroom(graph: torch.fx.Graph) -> None:
+    """Record in each matmul node's meta the bytes it may add without raising the peak."""
+    for node, headroom in headroom_bytes(graph).items():
+        if node.target in (aten.addmm.default, aten.mm.default):
+            node.meta[HEADROOM] = headroom
+
+
+def linear_scratchpad_bytes(x: torch.Tensor, in_features: int, threads: int) -> int:
+    """An upper bound of the scratchpad one `_linear_pointwise` call on input `x` takes (Note:
+    oneDNN's scratchpad)."""
+    depth = min(-(-in_features // 16) * 16, MAX_PANEL_DEPTH)
+    per_thread = WEIGHT_PANEL * depth * 4 + PER_THREAD_BYTES
+    rows = x.numel() // max(in_features, 1)
+    input_copy = 0 if _row_major(x, in_features) else rows * in_features * 4
+    return threads * per_thread + input_copy
 
 
 def applicable() -> bool:
@@ -101,7 +140,16 @@ def _linear_pays(node: torch.fx.Node, x: Any, weight: Any, b: Any, out_dim: int)
     if b is not None and (not _cpu_float32(b) or b.meta["val"].shape != (out_features,)):
         return False
     in_features = weight.meta["val"].shape[1 - out_dim]
-    return node.meta["val"].numel() * in_features >= max(LINEAR_MIN_MACS, 1)
+    if node.meta["val"].numel() * in_features < max(LINEAR_MIN_MACS, 1):
+        return False
+    if not _row_major(x.meta["val"], in_features):
+        return False  # oneDNN copies the whole input first; aten's BLAS reads it in place
+    scratchpad = linear_scratchpad_bytes(x.meta["val"], in_features, torch.get_num_threads())
+    return scratchpad <= node.meta.get(HEADROOM, 0)
+
+
+def _row_major(x: torch.Tensor, in_features: int) -> bool:
+    return x.dim() == 2 and x.stride(1) == 1 and x.stride(0) == in_features
 
 
 def linear_post_op(graph: torch.fx.Graph, node: torch.fx.Node, lin: torch.fx.Node) -> torch.fx.Node | None:

@@ -16,6 +16,7 @@ Note: kernel errors
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -248,16 +249,14 @@ def cos_alias(dtype: DType) -> str:
     return f"ember_cos{'f' if dtype is dtypes.float32 else ''}"
 
 
-def cos_alias_declarations(program: list[UOp], simd_math: tuple[tuple[str, int], ...]) -> str:
-    """The aliases cos_alias names, declared `simd` where the host has a vector cos, and
-    `const` (no errno: -fno-math-errno), which the builtin cos is without saying: a call gcc
-    thinks may write memory keeps the loop's loads from being if-converted and vectorized."""
-    if not any(u.op is Ops.COS for u in program):
-        return ""
+def cos_alias_declarations(code: str, simd_math: tuple[tuple[str, int], ...]) -> str:
+    """The aliases cos_alias names that `code` calls, declared `simd` where the host has a vector
+    cos, and `const` (no errno: -fno-math-errno), which the builtin cos is without saying: a call
+    gcc thinks may write memory keeps the loop's loads from being if-converted and vectorized."""
     simd = 'simd("notinbranch"), ' if ("cos", 1) in simd_math else ""
-    return ('extern "C" {\n'
-            f'__attribute__(({simd}const)) float ember_cosf(float) noexcept __asm__("cosf");\n'
-            f'__attribute__(({simd}const)) double ember_cos(double) noexcept __asm__("cos");\n}}\n')  # fmt: skip
+    lines = [f'__attribute__(({simd}const)) {ctype} ember_cos{suffix}({ctype}) noexcept __asm__("cos{suffix}");'
+             for ctype, suffix in LIBM_TYPES if calls(code, f"ember_cos{suffix}")]  # fmt: skip
+    return extern_c_block(lines)
 
 
 def render_const(value: int | float | bool, dtype: DType) -> str:
@@ -302,29 +301,43 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
     if errors:  # Note: kernel errors
         signature += ", int32_t* ember_error"
     body = _render_body(program, parallel_threshold, errors, choices)
-    declarations = simd_declarations(simd_math) + cos_alias_declarations(program, simd_math)
-    declarations += reduction_declarations(program)
+    declarations = reduction_declarations(program)
     if any(u.op is Ops.PHILOX for u in program):
         declarations += PHILOX
     if any(u.dtype in LOW_PRECISION_NAMES for u in program):
         declarations = LOW_PRECISION_PRELUDE + declarations
     declarations += vector_math_prelude(program)
+    code = declarations + body  # every call the kernel makes, through helpers too
+    declarations = simd_declarations(simd_math, code) + cos_alias_declarations(body, simd_math) + declarations
     source = f'{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n{body}}}\n'
     source = file_pragmas(choices) + source
     return RenderedKernel(name, source, params, errors, tiled=any(is_tile_loop(u) for u in program))
 
 
-def simd_declarations(functions: tuple[tuple[str, int], ...]) -> str:
+LIBM_TYPES = (("float", "f"), ("double", ""))  # (C type, libm suffix)
+
+
+def simd_declarations(functions: tuple[tuple[str, int], ...], code: str) -> str:
     """Declaring libm functions `simd` lets gcc call glibc's vector versions (libmvec) in
-    vectorized loops: about 10x on transcendental-heavy loops, accurate to a few ulp."""
-    if not functions:
-        return ""
-    lines = ['extern "C" {']
+    vectorized loops: about 10x on transcendental-heavy loops, accurate to a few ulp. Only the
+    functions `code` calls are declared."""
+    lines = []
     for name, arity in functions:
-        for ctype, suffix in (("float", "f"), ("double", "")):
-            params = ", ".join([ctype] * arity)
-            lines.append(f'__attribute__((simd("notinbranch"))) {ctype} {name}{suffix}({params}) noexcept;')
-    return "\n".join(lines) + "\n}\n"
+        for ctype, suffix in LIBM_TYPES:
+            if calls(code, f"{name}{suffix}"):
+                params = ", ".join([ctype] * arity)
+                lines.append(f'__attribute__((simd("notinbranch"))) {ctype} {name}{suffix}({params}) noexcept;')
+    return extern_c_block(lines)
+
+
+def calls(code: str, function: str) -> bool:
+    """Whether `code` calls the C function `function`, by name or as a gcc builtin (which binds to
+    the same declaration)."""
+    return re.search(rf"(?<![\w.:]){re.escape(function)}\(|__builtin_{re.escape(function)}\(", code) is not None
+
+
+def extern_c_block(lines: list[str]) -> str:
+    return 'extern "C" {\n' + "\n".join(lines) + "\n}\n" if lines else ""
 
 
 def reduction_declarations(program: list[UOp]) -> str:

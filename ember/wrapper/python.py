@@ -21,7 +21,7 @@ import torch
 from ember.ir import BufferRef, ExternCall, IndexedStore, LoweredGraph
 from ember.runtime.cache import content_hash, entry_path, open_root, write_if_different
 from ember.runtime.memory import HUGE_PAGE_MIN_BYTES
-from ember.schedule import KernelStep, Step, graph_last_uses, reads_of
+from ember.schedule import KernelStep, Step, graph_last_uses, last_uses, reads_of, writes_of
 from ember.wrapper import lines as L
 from ember.wrapper.plan import nbytes, plan_memory
 
@@ -80,6 +80,8 @@ def generate_wrapper(
     triton = any(k.triton is not None for k in kernels.values())
     body += [L.DrawSeed(b, triton) for b in graph.buffers.values() if b.kind == "seed" and b.name in read]
     freed = graph_last_uses(graph, steps)
+    dropped = input_last_uses(graph, steps)
+    body += [L.Del(unread)] if (unread := unread_inputs(graph, steps)) else []
     for i, step in enumerate(steps):
         if isinstance(step, KernelStep):
             inplace = kernels[i].inplace if i in kernels else {}
@@ -107,12 +109,38 @@ def generate_wrapper(
             unread = set(freed[i]) & {b.name for b in step.outputs}
             body += _extern_lines(step, buffers, graph, objects, unread)
         body += [L.FreeIfNotReused(buffers[name]) for name in sorted(freed[i]) if name not in unread]
+        body += [L.Del(sorted(dropped[i]))] if dropped[i] else []
     if gpu_errors:
         body.append(L.CheckGpuErrors(gpu_errors))
     body.append(L.Return([_output_expr(o, buffers, graph, objects) for o in graph.outputs]))
     body, peak = plan_memory(body)
     source = _module_source(graph, kernels, body, device, len(gpu_errors))
     return WrapperSource(source, objects, peak, body)
+
+
+def input_last_uses(graph: LoweredGraph, steps: list[Step]) -> list[list[str]]:
+    """For each step, the graph inputs it reads last, so the wrapper drops its reference there.
+
+    Note: inputs die at their last use
+        `call(args)` clears `args`, so the wrapper's local holds an input. A training graph's
+        backward gets the forward's saved activations as inputs (AOTAutograd clears its own
+        references before the call), and eager's autograd frees each one once the node that
+        needs it has run; holding them all to the end of the backward held every activation
+        together with the gradients. Dropping the name is all: an input is never a Reuse
+        target (its storage may be the caller's), and one the caller still holds lives on."""
+    outputs = {o.ref.name for o in graph.outputs if o.ref is not None}
+    inputs = {b.name for b in graph.inputs}
+    not_inputs = {name for step in steps for name in (*reads_of(step), *writes_of(step))} - inputs
+    return [[name for name in names if name in inputs] for names in
+            last_uses(steps, keep=outputs | not_inputs | set(graph.constants))]  # fmt: skip
+
+
+def unread_inputs(graph: LoweredGraph, steps: list[Step]) -> list[str]:
+    """Inputs no step reads and no output returns (a backward's saved tensor that its kernels
+    recompute from others): dropped as soon as their layouts are checked."""
+    used = {name for step in steps for name in (*reads_of(step), *writes_of(step))}
+    used |= {o.ref.name for o in graph.outputs if o.ref is not None}
+    return [b.name for b in graph.inputs if b.name not in used]
 
 
 def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: list[L.Line],

@@ -1,0 +1,54 @@
+"""Graph outputs in eager's memory order (Note: outputs in eager's layout, lower/graph.py): a
+pointwise result of permuted inputs comes back with eager's strides, and one that eager returns
+as a strided view of a larger intermediate comes back dense in the order of eager's strides."""
+
+import pytest
+import torch
+
+import ember
+from tests import helpers
+from tests.helpers import check, compile_fn
+
+
+def _dim_order(t: torch.Tensor) -> list[int]:
+    return sorted((d for d in range(t.dim()) if t.shape[d] != 1), key=lambda d: (-t.stride(d), d))
+
+
+PERMUTED = {
+    "transposed": (lambda x, y: torch.tanh(x.t()) * y.t() + 1, (300, 200)),
+    "permuted_3d": (lambda x, y: x.permute(2, 0, 1).exp() - y.permute(2, 0, 1), (6, 40, 70)),
+    "channels_last": (lambda x, y: torch.sigmoid(x) + y, (2, 16, 9, 11)),
+}
+
+
+@pytest.mark.parametrize("name", PERMUTED)
+def test_permuted_pointwise_has_eager_strides(name):
+    fn, shape = PERMUTED[name]
+    x, y = torch.randn(shape), torch.randn(shape)
+    if name == "channels_last":
+        x, y = x.to(memory_format=torch.channels_last), y.to(memory_format=torch.channels_last)
+    out = check(fn, x, y)
+    assert out.stride() == fn(x, y).stride()
+
+
+@pytest.mark.parametrize("step", [2, 3])
+def test_strided_view_of_an_intermediate_is_dense_in_eager_order(step):
+    """eager returns `h.t()[::step]` as a view of the whole (N, N) h; ember computes only the
+    elements returned, in eager's order, so its loops walk the inputs as eager's do."""
+    x, y = torch.randn(256, 300), torch.randn(256, 300)
+
+    def fn(x, y):
+        return (torch.nn.functional.gelu(x) * torch.sigmoid(y) + x.sin()).t()[::step]
+
+    out = check(fn, x, y)
+    eager = fn(x, y)
+    assert _dim_order(out) == _dim_order(eager) == [1, 0]
+    assert out.untyped_storage().nbytes() == out.numel() * out.element_size()  # dense: no (N, N) buffer
+    if helpers.test_device() == "cpu":
+        assert ember.metrics.tiled_kernels == 0  # its order makes every access near: nothing to tile
+
+
+def test_output_of_broadcast_and_negative_strides_stays_row_major():
+    x = torch.randn(64, 1).expand(64, 48)
+    out = compile_fn(lambda x: (x * 2)[:, ::2])(x)
+    torch.testing.assert_close(out, (x * 2)[:, ::2])
