@@ -122,6 +122,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
     with stage("schedule", timings):
         scheduled = schedule(graph, fusion=config.fusion)
         steps = scheduled.steps
+    metrics.schedule_work.update(vars(scheduled.work))
     debug.write("fusion.txt", describe_fusion(scheduled))
     with contextlib.ExitStack() as pool_scope:
         if backend == "triton":
@@ -222,7 +223,7 @@ def codegen_kernel(
     `dying`: the buffers whose last use is this kernel (it may write over one of them).
     `timings` gets the rendering's share under "render" (it is part of "codegen")."""
     try:
-        ast = build_kernel_ast(step.group, step.stored, dying)
+        ast = build_kernel_ast(step.group, step.stored, dying, step.alignment, step.bodies)
         sink = full_rewrite(ast.sink)
         program = linearize(sink)
         name = f"kernel_{sink.key[:16]}"
