@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ember.ir import ComputedBuffer
 from ember.schedule.group import align, recomputed_member, resolve_bodies
 from ember.schedule.nodes import SchedulerNode
-from ember.schedule.order import ScheduleOrder, ScheduleWork, Window
+from ember.schedule.order import Plan, ScheduleOrder, ScheduleWork
 from ember.uop.ops import Ops, UOp
 
 MAX_ROUNDS = 10
@@ -31,6 +31,7 @@ class Group:
         self.runs_alone = any(n.runs_alone for n in self.nodes)
         self.writes = frozenset(b for n in self.nodes for b in n.writes)
         self.reads = frozenset(b for n in self.nodes for b in n.read_buffers)
+        self.node_mask = sum(1 << n.position for n in self.nodes)  # its nodes, as a bit set by position
         self.alignment: tuple | None = None
         self.bodies: dict[str, UOp] | None = None
 
@@ -89,8 +90,7 @@ def fuse(state: FusionState) -> FusionState:
             if isinstance(fused, str):
                 state.refusals.append(WhyNoFuse(tuple(a.names), tuple(b.names), fused))
                 continue
-            window = fused.window or state.order.window(a, b, fused.group)
-            state.order.merge(a, b, fused.group, window)
+            state.order.merge(a, b, fused.plan)
             merged |= {a, b, fused.group}
             state.fusions += 1
         state.order.compact()
@@ -125,11 +125,10 @@ def candidate_pairs(state: FusionState) -> list[tuple[Group, Group]]:
 
 @dataclass
 class Fused:
-    """A fusion `why_no_fuse` accepted: the merged group, and the reordered window of the
-    schedule when the peak-memory check computed it."""
+    """A fusion `why_no_fuse` accepted: the merged group and where it goes in the schedule."""
 
     group: Group
-    window: Window | None = None
+    plan: Plan
 
 
 def why_no_fuse(state: FusionState, a: Group, b: Group) -> str | Fused:
@@ -153,13 +152,12 @@ def why_no_fuse(state: FusionState, a: Group, b: Group) -> str | Fused:
     if (recomputed := recomputed_reduction(bodies, alignment)) is not None:
         return f"the reduction in {recomputed} would be recomputed for every element of an inner loop"
     fused.alignment, fused.bodies = alignment, bodies
+    plan = state.order.plan(a, b, fused)
     if all(split_reduction_member(state, n) for n in members):
-        return Fused(fused)  # a few KiB held longer: one kernel reads the data (or the partials) once
-    window = state.order.window(a, b, fused)
-    after = state.order.window_peak(window, a, b, fused)
-    if after > state.order.peak:
+        return Fused(fused, plan)  # a few KiB held longer: one kernel reads the data (or the partials) once
+    if (after := state.order.peak_after(plan)) > state.order.peak:
         return f"fusion would raise peak memory from {state.order.peak} to {after} bytes"
-    return Fused(fused, window)
+    return Fused(fused, plan)
 
 
 SMALL_BYTES = 1 << 16

@@ -23,9 +23,11 @@ Note: incremental schedule
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from ember.schedule.ranges import RangeMax
 
 if TYPE_CHECKING:
     from ember.schedule.fusion import Group
@@ -66,13 +68,17 @@ class ScheduleOrder:
         for g in groups:
             for b in g.reads:
                 self.readers.setdefault(b, set()).add(g)
-        self.peak_at: list[int] = [0] * len(groups)  # live bytes once the slot's outputs exist
-        self.live_after: list[int] = [0] * len(groups)  # live bytes after the slot's frees
+        self.ancestors = node_ancestors([n for g in groups for n in g.nodes], work)
         self.last_use: dict[str, int] = {}  # slot of the last group reading or storing the buffer
         self.first_store: dict[str, int] = {}  # slot of the first group storing it (allocation)
         self._index_uses(0, len(groups) - 1)
-        self._record(0, self.groups_in(0, len(groups) - 1))
-        self.peak = max(self.peak_at, default=0)
+        peaks, after = self._simulate(Window(0, len(groups) - 1, groups), self.stored, entering=0)
+        self.peak_at = RangeMax(peaks)  # per slot: live bytes once the slot's outputs exist
+        self.live_after = RangeMax(after)  # per slot: live bytes after the slot's frees
+
+    @property
+    def peak(self) -> int:
+        return max(0, self.peak_at.max(0, len(self.slots) - 1))
 
     # -- what groups read and store --------------------------------------------------------
 
@@ -104,10 +110,12 @@ class ScheduleOrder:
 
     def cycle_through(self, a: Group, b: Group) -> Group | None:
         """A group on a path from one of `a`, `b` to the other (see the Note), or None."""
-        (first, early), (last, late) = sorted([(self.slot_of[a], a), (self.slot_of[b], b)], key=lambda p: p[0])
+        (first, early), (_, late) = sorted([(self.slot_of[a], a), (self.slot_of[b], b)], key=lambda p: p[0])
+        if (through := self._node_path(early, late)) is not None:
+            return through
         stack = [p for p in self.predecessors(late) if p is not early and self.slot_of[p] > first]
         seen = set(stack)
-        while stack:
+        while stack:  # a path through groups made of several nodes (no single nodes' path)
             group = stack.pop()
             for p in self.predecessors(group):
                 if p is early:
@@ -117,34 +125,105 @@ class ScheduleOrder:
                     stack.append(p)
         return None
 
-    def window(self, a: Group, b: Group, merged: Group) -> Window:
-        """The window between `a` and `b` reordered with `merged` in their place (no cycle)."""
-        first, last = sorted((self.slot_of[a], self.slot_of[b]))
+    def _node_path(self, early: Group, late: Group) -> Group | None:
+        """The group of a node outside both on a path of nodes from `early` to `late` (merging
+        groups only adds paths, so the merged pair would be on a cycle), found with the
+        nodes' ancestor sets in a few bit tests per predecessor of `late`."""
+        pair = early.node_mask | late.node_mask
+        for n in late.nodes:
+            self.work.edges_visited += len(n.depends_on)
+            for d in n.depends_on:
+                if not pair >> d.position & 1 and self.ancestors[d] & early.node_mask:
+                    return self.group_of[d]
+        return None
+
+    def plan(self, a: Group, b: Group, merged: Group) -> Plan:
+        """Where the merged group goes (no cycle): into the earlier group's slot when the later
+        group depends on nothing in between (the common case, priced from a few lifetimes),
+        else the window reordered."""
+        (first, early), (last, late) = sorted([(self.slot_of[a], a), (self.slot_of[b], b)], key=lambda p: p[0])
+        stored = self._stored_after(a, b, merged)
+        if all(self.slot_of[p] < first for p in self.predecessors(late) if p is not early):
+            return Plan(first, last, merged, stored, lifetimes=self._moved_lifetimes(early, late, stored(merged)))
         inside = [merged if g is a or g is b else g for g in self.groups_in(first, last)]
         inside = list(dict.fromkeys(inside))
         owner = {g: g for g in inside} | {a: merged, b: merged}
         preds = {g: {owner[p] for p in self._predecessors_via(g, a, b, merged) if p in owner} for g in inside}
-        return Window(first, last, topological_order(inside, preds))
+        return Plan(first, last, merged, stored, window=Window(first, last, topological_order(inside, preds)))
 
     def _predecessors_via(self, group: Group, a: Group, b: Group, merged: Group) -> set[Group]:
         if group is not merged:
             return self.predecessors(group)
         return (self.predecessors(a) | self.predecessors(b)) - {a, b}
 
-    def window_peak(self, window: Window, a: Group, b: Group, merged: Group) -> int:
-        """The merged schedule's live bytes at its highest point inside the window."""
-
+    def _stored_after(self, a: Group, b: Group, merged: Group) -> Callable[[Group], set[str]]:
         def stored(group: Group) -> set[str]:
             if group is not merged:
                 return self.stored(group)
             return {w for w in group.writes if w in self.outputs or self._read_elsewhere(w, a, b)}
 
-        peaks, _ = self._simulate(window, stored)
-        return max(peaks, default=0)
+        return stored
 
-    def _simulate(self, window: Window, stored_of) -> tuple[list[int], list[int]]:
+    def peak_after(self, plan: Plan) -> int:
+        """The merged schedule's peak live bytes where it differs from the current one (the
+        rest is unchanged: the merge raises the peak exactly when this exceeds `peak`)."""
+        if plan.window is not None:
+            peaks, _ = self._simulate(plan.window, plan.stored, self._entering(plan.first))
+            return max(peaks, default=0)
+        return self._peak_with(plan.first, plan.last - 1, plan.lifetimes)
+
+    def _entering(self, first: int) -> int:
+        return self.live_after.get(first - 1) if first > 0 else 0
+
+    def _peak_with(self, first: int, last: int, lifetimes: list[Lifetime]) -> int:
+        """max over slots first..last of the peak once `lifetimes` changed (piecewise: one
+        range maximum per stretch between two ends of a changed lifetime)."""
+        cuts = sorted({first, last + 1} | {c for t in lifetimes for c in t.cuts() if first < c <= last})
+        best = 0
+        for low, high in zip(cuts, cuts[1:]):
+            self.work.simulation_steps += 1
+            delta = sum(t.delta_at(low) for t in lifetimes)
+            best = max(best, self.peak_at.max(low, high - 1) + delta)
+        return best
+
+    def _moved_lifetimes(self, early: Group, late: Group, merged_stores: set[str]) -> list[Lifetime]:
+        """Buffers whose lifetime changes when `late` moves up into `early`'s slot: its outputs
+        are allocated there, outputs of `early` only `late` read are never allocated, and a
+        buffer `late` used last is freed at its last other use."""
+        first, last = self.slot_of[early], self.slot_of[late]
+        end = len(self.slots) - 1
+        changes = []
+        for x in early.writes | late.writes | late.reads:
+            self.work.simulation_steps += 1
+            old = self._lifetime(x, end)
+            if x in early.writes or x in late.writes:
+                if x not in merged_stores:
+                    new = None
+                elif old is not None and old[0] == last:
+                    new = (first, old[1])
+                else:
+                    new = old
+            else:
+                new = old
+            if new is not None and x not in self.outputs and self.last_use.get(x) == last:
+                new = (new[0], self._last_other_use(x, early, late, first))
+            if new != old:
+                changes.append(Lifetime(self.nbytes.get(x, 0), old, new, x))
+        return changes
+
+    def _lifetime(self, x: str, end: int) -> tuple[int, int] | None:
+        if x not in self.first_store:
+            return None
+        return (self.first_store[x], end if x in self.outputs else self.last_use[x])
+
+    def _last_other_use(self, x: str, early: Group, late: Group, first: int) -> int:
+        uses = [self.slot_of[g] for g in self.readers.get(x, ()) if g is not late and g is not early]
+        self.work.edges_visited += len(uses)
+        return max([first, self.first_store[x], *uses])
+
+    def _simulate(self, window: Window, stored_of, entering: int) -> tuple[list[int], list[int]]:
         """Per group of the window: live bytes once its outputs exist, and after its frees."""
-        live = self.live_after[window.first - 1] if window.first > 0 else 0
+        live = entering
         stores = [stored_of(g) for g in window.groups]
         last_here = {}  # buffers whose last use is in the window: where, in the new order
         for k, (g, stored) in enumerate(zip(window.groups, stores)):
@@ -171,10 +250,8 @@ class ScheduleOrder:
 
     # -- applying a merge ------------------------------------------------------------------
 
-    def merge(self, a: Group, b: Group, merged: Group, window: Window) -> None:
-        for x in a.writes | b.writes:  # stored again below if still read elsewhere
-            if window.first <= self.first_store.get(x, -1) <= window.last:
-                del self.first_store[x]
+    def merge(self, a: Group, b: Group, plan: Plan) -> None:
+        merged = plan.merged
         for group in (a, b):
             for x in group.reads:
                 self.readers[x].discard(group)
@@ -182,16 +259,45 @@ class ScheduleOrder:
             del self.slot_of[group]
         for n in merged.nodes:
             self.group_of[n] = merged
+        if plan.window is None:
+            self._merge_moved_up(plan)
+        else:
+            self._merge_window(a, b, plan.window)
+
+    def _merge_moved_up(self, plan: Plan) -> None:
+        self.slots[plan.first], self.slots[plan.last] = plan.merged, None
+        self.slot_of[plan.merged] = plan.first
+        for t in plan.lifetimes:
+            t.apply(self.peak_at, self.live_after)
+        for x, t in plan.lifetime_of.items():
+            if t.new is None:
+                self.first_store.pop(x, None)
+            else:
+                self.first_store[x] = t.new[0]
+                if x not in self.outputs:
+                    self.last_use[x] = t.new[1]
+        for x in plan.merged.reads | plan.merged.writes:  # uses at the late slot move up
+            if self.last_use.get(x) == plan.last:
+                self.last_use[x] = plan.first
+        left = self.live_after.get(plan.last - 1)
+        self.peak_at.set(plan.last, left)
+        self.live_after.set(plan.last, left)
+
+    def _merge_window(self, a: Group, b: Group, window: Window) -> None:
+        for x in a.writes | b.writes:  # stored again below if still read elsewhere
+            if window.first <= self.first_store.get(x, -1) <= window.last:
+                del self.first_store[x]
         slots = window.groups + [None] * (window.last - window.first + 1 - len(window.groups))
         self.slots[window.first : window.last + 1] = slots
         for k, g in enumerate(window.groups):
             self.slot_of[g] = window.first + k
         self._index_uses(window.first, window.last)
-        self._record(window.first, window.groups)
-        hole = window.first + len(window.groups)
-        self.peak_at[hole : window.last + 1] = [self.live_after[hole - 1]] * (window.last + 1 - hole)
-        self.live_after[hole : window.last + 1] = [self.live_after[hole - 1]] * (window.last + 1 - hole)
-        self.peak = max(self.peak_at)  # one pass in C per merge
+        placed = Window(window.first, window.first + len(window.groups) - 1, window.groups)
+        peaks, after = self._simulate(placed, self.stored, self._entering(window.first))
+        for k in range(window.last - window.first + 1):
+            left = after[-1]
+            self.peak_at.set(window.first + k, peaks[k] if k < len(peaks) else left)
+            self.live_after.set(window.first + k, after[k] if k < len(after) else left)
 
     def _index_uses(self, first: int, last: int) -> None:
         """Last uses and first stores of the buffers used in slots first..last, where they
@@ -214,22 +320,73 @@ class ScheduleOrder:
             if self.first_store.get(x, first) >= first:
                 self.first_store[x] = slot
 
-    def _record(self, first: int, groups: list[Group]) -> None:
-        window = Window(first, first + len(groups) - 1, groups)
-        peaks, after = self._simulate(window, self.stored)
-        self.peak_at[first : first + len(groups)] = peaks
-        self.live_after[first : first + len(groups)] = after
-
     def compact(self) -> None:
         """Drop the empty slots, renumbering everything kept by slot."""
         keep = [i for i, g in enumerate(self.slots) if g is not None]
+        if len(keep) == len(self.slots):
+            return
         renumber = {old: new for new, old in enumerate(keep)}
         self.slots = [self.slots[i] for i in keep]
-        self.peak_at = [self.peak_at[i] for i in keep]
-        self.live_after = [self.live_after[i] for i in keep]
+        self.peak_at = RangeMax([self.peak_at.get(i) for i in keep])
+        self.live_after = RangeMax([self.live_after.get(i) for i in keep])
         self.slot_of = {g: i for i, g in enumerate(self.slots)}  # type: ignore[misc]
         self.last_use = {x: renumber[s] for x, s in self.last_use.items()}
         self.first_store = {x: renumber[s] for x, s in self.first_store.items()}
+
+
+@dataclass
+class Lifetime:
+    """A buffer's change of lifetime: the slots from its allocation to its last use, before
+    and after a merge (None: never allocated); it counts in `peak_at` over those slots and in
+    `live_after` over all of them but the last."""
+
+    nbytes: int
+    old: tuple[int, int] | None
+    new: tuple[int, int] | None
+    buffer: str = ""
+
+    def cuts(self) -> list[int]:
+        return [c for span in (self.old, self.new) if span for c in (span[0], span[1] + 1)]
+
+    def delta_at(self, slot: int) -> int:
+        inside = [span is not None and span[0] <= slot <= span[1] for span in (self.old, self.new)]
+        return self.nbytes * (inside[1] - inside[0])
+
+    def apply(self, peak_at: RangeMax, live_after: RangeMax) -> None:
+        for span, sign in ((self.old, -1), (self.new, 1)):
+            if span is not None:
+                peak_at.add(span[0], span[1], sign * self.nbytes)
+                live_after.add(span[0], span[1] - 1, sign * self.nbytes)
+
+
+@dataclass
+class Plan:
+    """A merge that passed the cycle check: the earlier and later group's slots, the merged
+    group, what each group of the merged schedule stores, and either the lifetimes that change
+    (the later group moves up) or the reordered window."""
+
+    first: int
+    last: int
+    merged: Group
+    stored: Callable[[Group], set[str]]
+    lifetimes: list[Lifetime] = field(default_factory=list)
+    window: Window | None = None
+
+    @property
+    def lifetime_of(self) -> dict[str, Lifetime]:
+        return {t.buffer: t for t in self.lifetimes}
+
+
+def node_ancestors(nodes: list[SchedulerNode], work: ScheduleWork) -> dict[SchedulerNode, int]:
+    """Each node's ancestors as a bit set over program positions (nodes in a topological order)."""
+    ancestors: dict[SchedulerNode, int] = {}
+    for n in nodes:
+        mask = 0
+        for d in n.depends_on:
+            mask |= ancestors[d] | 1 << d.position
+        work.edges_visited += len(n.depends_on)
+        ancestors[n] = mask
+    return ancestors
 
 
 def topological_order(groups: Iterable[Group], preds: dict[Group, set[Group]]) -> list[Group]:
