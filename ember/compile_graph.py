@@ -79,7 +79,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
         progress.finish()
 
 
-def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, timings: StageTimes) -> Callable:
+def _compile_graph(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, timings: StageTimes
+) -> Callable:
     cache_dir = Path(config.cache_dir)
     received = gm.print_readable(print_output=False) if config.debug else ""
     versions = f"{ember_source_hash()} {compiler_identity(config.cxx)} {simd_math_functions()}"

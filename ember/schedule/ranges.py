@@ -44,7 +44,8 @@ class RangeMax:
         if first <= low and high <= last:
             return self.best[node]
         middle = (low + high) // 2
-        inner = max(self._max(2 * node, low, middle, first, last), self._max(2 * node + 1, middle + 1, high, first, last))
+        left = self._max(2 * node, low, middle, first, last)
+        inner = max(left, self._max(2 * node + 1, middle + 1, high, first, last))
         return inner + self.pending[node]
 
     def get(self, index: int) -> int:
