@@ -31,6 +31,7 @@ from ember.compile_search import compile_candidates, plan_search
 from ember.compile_triton import codegen_triton_kernel, compile_triton_kernels, graph_backend, graph_device
 from ember.config import Config
 from ember.debug.log import DebugDump, describe_fusion, describe_ir
+from ember.debug.progress import CompileProgress, logger
 from ember.errors import EmberError
 from ember.lower import lower_graph
 from ember.lower.split_reductions import SplitPolicy, split_reductions
@@ -46,10 +47,21 @@ from ember.schedule import KernelStep, graph_last_uses, schedule
 from ember.wrapper.python import KernelBinary, WrapperSource, generate_wrapper, load_wrapper
 
 
+class StageTimes(dict):
+    """Seconds per stage, summed over its entries; and the compile's progress display, which
+    shows the stage being run (ember/debug/progress.py)."""
+
+    def __init__(self, progress: CompileProgress | None = None):
+        super().__init__()
+        self.progress = progress
+
+
 @contextlib.contextmanager
 def stage(name: str, timings: dict[str, float]) -> Iterator[None]:
     """Times a stage and names it in any internal error that escapes it."""
     start = time.perf_counter()
+    if isinstance(timings, StageTimes) and timings.progress is not None:
+        timings.progress.stage_started(name)
     try:
         yield
     except EmberError:
@@ -61,9 +73,18 @@ def stage(name: str, timings: dict[str, float]) -> Iterator[None]:
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config) -> Callable:
+    progress = CompileProgress()
+    try:
+        return _compile_graph(gm, example_inputs, config, StageTimes(progress))
+    finally:
+        progress.finish()
+
+
+def _compile_graph(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, timings: StageTimes
+) -> Callable:
     cache_dir = open_root(config.cache_dir)  # refuses a folder others could put code in (Note: cache safety)
     received = gm.print_readable(print_output=False) if config.debug else ""
-    timings: dict[str, float] = {}
     versions = graph_identity(kernel_identity(config.cxx))
     versions += f" threads={torch.get_num_threads()}"  # the oneDNN rewrites depend on it (passes/mkldnn.py)
     # Note: the graph cache key and the passes. ember's own passes are a function of the graph,
@@ -95,6 +116,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
     else:
         summary = call.summary
     debug.write("timings.txt", "".join(f"{k:18s} {v:.4f}s\n" for k, v in timings.items()))
+    log_stages(timings)
     if config.explain_file:
         with open(config.explain_file, "a") as f:
             f.write(summary.explanation)
@@ -124,6 +146,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
     with stage("schedule", timings):
         scheduled = schedule(graph, fusion=config.fusion)
         steps = scheduled.steps
+    metrics.tally("schedule_work", vars(scheduled.work))
     debug.write("fusion.txt", describe_fusion(scheduled))
     with contextlib.ExitStack() as pool_scope:
         if backend == "triton":
@@ -132,15 +155,20 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
             with stage("runtime", timings):
                 binaries = compile_triton_kernels(rendered, config, interpret=device.type == "cpu")
         else:
-            builder = pool_scope.enter_context(KernelBuilder(config))
+            progress = timings.progress if isinstance(timings, StageTimes) else None
+            builder = pool_scope.enter_context(KernelBuilder(config, progress))
             with stage("codegen", timings):
                 dying = [{n: graph.buffers[n] for n in names} for names in graph_last_uses(graph, steps)]
             rendered = {}
+            if progress is not None:
+                progress.kernels(total=sum(1 for s in steps if _has_work(s)))
             for i, step in enumerate(steps):
                 if _has_work(step):
                     with stage("codegen", timings):
                         rendered[i] = codegen_kernel(step, config, dying[i], timings)
                     builder.submit(rendered[i][0])
+                    if progress is not None:
+                        progress.kernels(generated=1)
             with stage("runtime", timings):  # what is left of gcc once every kernel is rendered
                 binaries = builder.binaries(rendered)
     for kernel, _ in rendered.values():
@@ -196,6 +224,12 @@ def _finish(call: Callable, path: Path, summary) -> Callable:
     return call
 
 
+def log_stages(timings: dict[str, float]) -> None:
+    """One `logging` record per stage (logger "ember"), with its seconds."""
+    for name, seconds in timings.items():
+        logger.info("stage %s: %.3f s", name, seconds)
+
+
 def _record(summary, timings: dict[str, float]) -> None:
     metrics.add(
         graphs_compiled=1,
@@ -224,7 +258,7 @@ def codegen_kernel(
     `dying`: the buffers whose last use is this kernel (it may write over one of them).
     `timings` gets the rendering's share under "render" (it is part of "codegen")."""
     try:
-        ast = build_kernel_ast(step.group, step.stored, dying)
+        ast = build_kernel_ast(step.group, step.stored, dying, step.alignment, step.bodies)
         sink = full_rewrite(ast.sink)
         program = linearize(sink)
         name = f"kernel_{sink.key[:16]}"
@@ -254,8 +288,9 @@ class KernelBuilder:
         gcc processes than the machine runs at once.
     """
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, progress: CompileProgress | None = None):
         self.config = config
+        self.progress = progress
         self.pool = ThreadPoolExecutor(max_workers=compile_workers(config.compile_threads))
         self.futures: dict[str, Future[CompiledKernel]] = {}  # source -> its compile
 
@@ -271,6 +306,8 @@ class KernelBuilder:
             self.futures[kernel.source] = self.pool.submit(
                 compile_cpp, kernel.source, kernel.name, cache_dir, cxx, ember.__version__
             )
+            if (progress := self.progress) is not None:
+                self.futures[kernel.source].add_done_callback(lambda _: progress.kernels(compiled=1))
 
     def binaries(self, rendered: dict[int, tuple[RenderedKernel, KernelAST]]) -> dict[int, KernelBinary]:
         binaries = {}

@@ -49,7 +49,7 @@ def graph_backend(device: torch.device, config: Config) -> str:
 def codegen_triton_kernel(step: KernelStep) -> tuple[TritonKernel, tuple[str, ...]]:
     """One kernel: AST, block rewrite phases, render. Names the op when it fails."""
     try:
-        ast = build_kernel_ast(step.group, step.stored)
+        ast = build_kernel_ast(step.group, step.stored, None, step.alignment, step.bodies)
         sink = rewrite_for_blocks(ast.sink)
         name = f"triton_{sink.key[:16]}"
         scalars = frozenset(f"p{i}" for i, buffer in enumerate(ast.params) if buffer == SEED_BUFFER)

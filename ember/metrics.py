@@ -39,6 +39,9 @@ class Metrics:
     # codegen (render is its share), runtime (waiting for gcc), wrapper, graph_cache_store), and
     # aot_autograd: the frontend's tracing outside ember's stages
     compile_seconds: Counter = field(default_factory=Counter)
+    # the scheduler's work (schedule/order.py ScheduleWork): candidate_pairs, pairs_examined,
+    # edges_visited, simulation_steps; tests check that it grows linearly with the graph
+    schedule_work: Counter = field(default_factory=Counter)
     pass_rewrites: Counter = field(default_factory=Counter)  # FX pass name -> nodes it rewrote (ember/passes)
     kernel_searches: int = 0  # config.kernel_search: kernels whose choices were timed (runtime/search.py)
     search_candidates_timed: int = 0  # renderings timed by those searches

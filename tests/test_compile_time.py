@@ -1,14 +1,19 @@
 """Compile time: the per-stage breakdown in `ember.metrics.compile_seconds`, the graph cache's
 hits and misses within one process, and gcc started while kernels are still generated."""
 
+import io
+import logging
 import os
 import threading
+import time
 
 import pytest
 import torch
 
 import ember
 from ember import compile_graph
+from ember.debug import progress as progress_module
+from ember.debug.progress import CompileProgress
 from tests.helpers import check
 
 EMBER_STAGES = {"graph_key", "graph_cache_load", "lower", "schedule", "codegen", "render", "runtime", "wrapper"}
@@ -115,3 +120,44 @@ def test_graph_cache_off_neither_loads_nor_writes_graphs(tmp_path, monkeypatch):
     assert not list(tmp_path.rglob("*graphs*"))
     on, again = compile_twice(two_kernel_program, x, y)  # nothing was left behind to hit
     assert on["hits"] == 0 and again["hits"] == 1
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_line_on_a_terminal_shows_stage_and_kernels_then_is_erased():
+    terminal = FakeTerminal()
+    progress = CompileProgress(stream=terminal, delay_s=0.0)
+    progress.stage_started("codegen")
+    progress.kernels(total=5)
+    progress.kernels(generated=2, compiled=1)
+    deadline = time.monotonic() + 30
+    while "2/5 kernels generated, 1 compiled" not in terminal.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    progress.finish()
+    shown = terminal.getvalue()
+    assert "codegen: 2/5 kernels generated, 1 compiled" in shown
+    assert shown.endswith("\r")  # the last write blanks the line and returns to its start
+
+
+def test_progress_waits_before_drawing():
+    terminal = FakeTerminal()
+    progress = CompileProgress(stream=terminal, delay_s=3600.0)
+    time.sleep(0.6)
+    progress.finish()
+    assert terminal.getvalue() == ""
+
+
+def test_compile_is_silent_off_a_terminal_and_logs_each_stage(tmp_path, monkeypatch, capfd, caplog):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(progress_module, "DELAY_S", 0.0)  # a slow compile as far as the line is concerned
+    with caplog.at_level(logging.INFO, logger="ember"):
+        x, y = torch.randn(64, 64), torch.randn(64, 64)
+        check(two_kernel_program, x, y)
+    assert "ember: compiling" not in capfd.readouterr().err
+    logged = " ".join(r.getMessage() for r in caplog.records if r.name == "ember")
+    for name in ("lower", "schedule", "codegen", "runtime", "wrapper"):
+        assert f"stage {name}: " in logged
+    assert "graph compiled in" in logged

@@ -27,15 +27,20 @@ class KernelAST:
 
 
 def build_kernel_ast(
-    group: list[ComputedBuffer | IndexedStore], stored: set[str] | None = None, dying: dict[str, Buffer] | None = None
+    group: list[ComputedBuffer | IndexedStore],
+    stored: set[str] | None = None,
+    dying: dict[str, Buffer] | None = None,
+    alignment: tuple | None = None,
+    bodies: dict[str, UOp] | None = None,
 ) -> KernelAST:
     """Stores every member in `stored` (default: all); the others live only in registers.
     An output may be written over one of the `dying` inputs (Note: in-place kernels); a
-    store at computed positions mutates a buffer that exists already, and never does."""
+    store at computed positions mutates a buffer that exists already, and never does.
+    `alignment` and `bodies`: the scheduler's, for a fused group (computed here otherwise)."""
     if len(group) == 1 and isinstance(group[0], IndexedStore):
         return _rename_buffers(indexed_store_sink(group[0]), frozenset({group[0].name}))
     stored = {c.name for c in group} if stored is None else stored
-    sink = group_sink(group, stored)  # type: ignore[arg-type]
+    sink = group_sink(group, stored, alignment, bodies)  # type: ignore[arg-type]
     if isinstance(sink, str):
         raise ValueError(sink)
     inplace = choose_inplace(sink, {c.name: c.buffer for c in group}, dying or {})
@@ -117,13 +122,16 @@ def _is_dense(layout: Layout) -> bool:
     return True
 
 
-def group_sink(group: list[ComputedBuffer], stored: set[str]) -> UOp | str:
-    """The SINK of the group's stores over shared ranges, or why the group can't be one kernel."""
-    alignment = align([c.buffer.layout.size for c in group])
+def group_sink(
+    group: list[ComputedBuffer], stored: set[str], alignment: tuple | None = None, bodies: dict | str | None = None
+) -> UOp | str:
+    """The SINK of the group's stores over shared ranges, or why the group can't be one kernel.
+    `alignment` and `bodies`: what the scheduler's fusion check computed, when it did."""
+    alignment = alignment or align([c.buffer.layout.size for c in group])
     if alignment is None:
         return "iteration spaces differ: " + " vs ".join(str(c.buffer.layout.size) for c in group)
     sizes, placements = alignment
-    bodies = resolve_bodies(group)
+    bodies = bodies or resolve_bodies(group)
     if isinstance(bodies, str):
         return bodies
     scanned = {u.src[1].arg for c in group for u in c.body.toposort if u.op is Ops.SCAN}

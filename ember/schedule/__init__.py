@@ -15,16 +15,20 @@ from dataclasses import dataclass, field
 from torch.utils._pytree import tree_flatten
 
 from ember.ir import BufferRef, ComputedBuffer, ExternCall, IndexedStore, LoweredGraph
-from ember.schedule.fusion import FusionState, Group, WhyNoFuse, fuse, topological_order
+from ember.schedule.fusion import FusionState, Group, WhyNoFuse, fuse
 from ember.schedule.memory import last_use_positions
 from ember.schedule.nodes import SchedulerNode, build_nodes
-from ember.uop.ops import Ops
+from ember.schedule.order import ScheduleWork
+from ember.uop.ops import Ops, UOp
 
 
 @dataclass
 class KernelStep:
     group: list[ComputedBuffer | IndexedStore]  # an IndexedStore is always alone
     stored: set[str]  # members written to memory; the rest are kernel-local
+    # what the fusion check computed for a fused group, so codegen does not compute it again
+    alignment: tuple | None = None
+    bodies: dict[str, UOp] | None = None
 
     @property
     def writes(self) -> list[str]:
@@ -45,13 +49,14 @@ class Schedule:
     steps: list[Step]
     refusals: list[WhyNoFuse] = field(default_factory=list)
     fusions: int = 0
+    work: ScheduleWork = field(default_factory=ScheduleWork)
 
 
 def schedule(graph: LoweredGraph, fusion: bool = True) -> Schedule:
     nodes = eliminate_dead(build_nodes(graph), graph)
     outputs = {o.ref.name for o in graph.outputs if o.ref is not None}
     nbytes = {c.name: c.buffer.layout.storage_size * c.buffer.dtype.itemsize for c in _computed(nodes)}
-    state = FusionState(topological_order([Group([n]) for n in nodes]), outputs, nbytes)
+    state = FusionState([Group([n]) for n in nodes], outputs, nbytes)  # the program order is topological
     if fusion:
         state = fuse(state)
     steps: list[Step] = []
@@ -59,8 +64,8 @@ def schedule(graph: LoweredGraph, fusion: bool = True) -> Schedule:
         if g.is_extern:
             steps.append(g.nodes[0].step)  # type: ignore[arg-type]
         else:
-            steps.append(KernelStep(g.computed, state.stored(g)))
-    return Schedule(steps, state.refusals, state.fusions)
+            steps.append(KernelStep(g.computed, state.stored(g), g.alignment, g.bodies))
+    return Schedule(steps, state.refusals, state.fusions, state.work)
 
 
 def _computed(nodes: list[SchedulerNode]) -> list[ComputedBuffer]:

@@ -8,31 +8,32 @@ with its reason (`WhyNoFuse`), for `EMBER_DEBUG` and `ember.explain`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ember.ir import ComputedBuffer
 from ember.schedule.group import align, recomputed_member, resolve_bodies
-from ember.schedule.memory import peak_bytes
 from ember.schedule.nodes import SchedulerNode
-from ember.uop.ops import Ops
+from ember.schedule.order import Plan, ScheduleOrder, ScheduleWork
+from ember.uop.ops import Ops, UOp
 
 MAX_ROUNDS = 10
 MAX_FUSED_NODES = 64
 
 
-@dataclass(eq=False)
 class Group:
-    """Scheduler nodes that become one kernel (or a single extern call)."""
+    """Scheduler nodes that become one kernel (or a single extern call), in program order.
+    A merged group keeps the alignment and bodies its fusion check computed, for codegen."""
 
-    nodes: list[SchedulerNode]
-
-    @property
-    def position(self) -> int:
-        return min(n.position for n in self.nodes)
-
-    @property
-    def is_extern(self) -> bool:
-        return self.nodes[0].is_extern
+    def __init__(self, nodes: list[SchedulerNode]):
+        self.nodes = sorted(nodes, key=lambda n: n.position)
+        self.position = self.nodes[0].position
+        self.is_extern = self.nodes[0].is_extern
+        self.runs_alone = any(n.runs_alone for n in self.nodes)
+        self.writes = frozenset(b for n in self.nodes for b in n.writes)
+        self.reads = frozenset(b for n in self.nodes for b in n.read_buffers)
+        self.node_mask = sum(1 << n.position for n in self.nodes)  # its nodes, as a bit set by position
+        self.alignment: tuple | None = None
+        self.bodies: dict[str, UOp] | None = None
 
     @property
     def names(self) -> list[str]:
@@ -42,11 +43,8 @@ class Group:
     def computed(self) -> list[ComputedBuffer]:
         return [n.step for n in self.nodes]  # type: ignore[misc]
 
-    def writes(self) -> set[str]:
-        return {b for n in self.nodes for b in n.writes}
-
-    def reads(self) -> set[str]:
-        return {b for n in self.nodes for b in n.read_buffers}
+    def __repr__(self) -> str:
+        return f"Group({'+'.join(self.names)})"
 
 
 @dataclass(frozen=True)
@@ -59,26 +57,26 @@ class WhyNoFuse:
         return f"cannot fuse {'+'.join(self.first)} with {'+'.join(self.second)}: {self.reason}"
 
 
-@dataclass
 class FusionState:
-    groups: list[Group]
-    outputs: set[str]  # buffers that must be stored: graph outputs
-    nbytes: dict[str, int]
-    refusals: list[WhyNoFuse] = field(default_factory=list)
-    fusions: int = 0
-    partials: set[str] = field(init=False)  # split reductions' partials buffers (GPU graphs only)
+    """The groups in order (order.py keeps them and their memory up to date), with every
+    refusal and the work done."""
 
-    def __post_init__(self) -> None:
-        self.partials = {n.name for g in self.groups for n in g.nodes
+    def __init__(self, groups: list[Group], outputs: set[str], nbytes: dict[str, int]):
+        self.work = ScheduleWork()
+        self.order = ScheduleOrder(groups, outputs, nbytes, self.work)
+        self.outputs, self.nbytes = outputs, nbytes
+        self.refusals: list[WhyNoFuse] = []
+        self.fusions = 0
+        # split reductions' partials buffers (GPU graphs only)
+        self.partials = {n.name for g in groups for n in g.nodes
                          if isinstance(n.step, ComputedBuffer) and n.step.split_partials}  # fmt: skip
 
-    def group_of(self) -> dict[SchedulerNode, Group]:
-        return {n: g for g in self.groups for n in g.nodes}
+    @property
+    def groups(self) -> list[Group]:
+        return self.order.groups
 
-    def stored(self, group: Group, groups: list[Group] | None = None) -> set[str]:
-        """Buffers a group must write to memory: outputs, and what other groups read."""
-        outside = {b for g in (groups or self.groups) if g is not group for b in g.reads()}
-        return {b for b in group.writes() if b in self.outputs or b in outside or group.is_extern}
+    def stored(self, group: Group) -> set[str]:
+        return self.order.stored(group)
 
 
 def fuse(state: FusionState) -> FusionState:
@@ -87,41 +85,58 @@ def fuse(state: FusionState) -> FusionState:
         for a, b in candidate_pairs(state):
             if a in merged or b in merged:
                 continue
-            reason = why_no_fuse(state, a, b)
-            if reason is not None:
-                state.refusals.append(WhyNoFuse(tuple(a.names), tuple(b.names), reason))
+            state.work.pairs_examined += 1
+            fused = why_no_fuse(state, a, b)
+            if isinstance(fused, str):
+                state.refusals.append(WhyNoFuse(tuple(a.names), tuple(b.names), fused))
                 continue
-            fused = Group(sorted(a.nodes + b.nodes, key=lambda n: n.position))
-            state.groups = [g for g in state.groups if g is not a and g is not b] + [fused]
-            state.groups = topological_order(state.groups)
-            merged |= {a, b, fused}
+            state.order.merge(a, b, fused.plan)
+            merged |= {a, b, fused.group}
             state.fusions += 1
+        state.order.compact()
         if not merged:
             break
     return state
 
 
+# A group is paired with at most this many of the next groups using the same buffer: an input
+# read by hundreds of groups (a weight, a mask) would otherwise list every pair of them.
+MAX_PAIRS_PER_USER = 64
+
+
 def candidate_pairs(state: FusionState) -> list[tuple[Group, Group]]:
+    """Pairs of groups sharing a buffer, best first: most bytes shared, then closest in program order."""
     users: dict[str, list[Group]] = {}
     for g in state.groups:
-        if any(n.runs_alone for n in g.nodes):  # externs, stores at computed positions, scans
+        if g.runs_alone:  # externs, stores at computed positions, scans
             continue
-        for b in g.reads() | g.writes():
+        for b in g.reads | g.writes:
             users.setdefault(b, []).append(g)
     scores: dict[tuple[Group, Group], int] = {}
     for buffer, groups in users.items():
+        nbytes = state.nbytes.get(buffer, 0)
         for i, a in enumerate(groups):
-            for b in groups[i + 1 :]:
+            for b in groups[i + 1 : i + 1 + MAX_PAIRS_PER_USER]:
                 pair = (a, b) if a.position <= b.position else (b, a)
-                scores[pair] = scores.get(pair, 0) + state.nbytes.get(buffer, 0)
+                scores[pair] = scores.get(pair, 0) + nbytes
+    state.work.candidate_pairs += len(scores)
     return sorted(scores, key=lambda p: (-scores[p], abs(p[1].position - p[0].position), p[0].position))
 
 
-def why_no_fuse(state: FusionState, a: Group, b: Group) -> str | None:
-    """None when `a` and `b` can become one kernel, else the reason they cannot."""
+@dataclass
+class Fused:
+    """A fusion `why_no_fuse` accepted: the merged group and where it goes in the schedule."""
+
+    group: Group
+    plan: Plan
+
+
+def why_no_fuse(state: FusionState, a: Group, b: Group) -> str | Fused:
+    """The merged group when `a` and `b` can become one kernel, else the reason they cannot."""
     if len(a.nodes) + len(b.nodes) > MAX_FUSED_NODES:
         return f"the kernel would have more than {MAX_FUSED_NODES} nodes"
-    members = sorted(a.nodes + b.nodes, key=lambda n: n.position)
+    fused = Group(a.nodes + b.nodes)
+    members = fused.nodes
     alignment = align([n.step.buffer.layout.size for n in members])
     if alignment is None:
         return "iteration spaces differ: " + " vs ".join(str(n.step.buffer.layout.size) for n in members)
@@ -129,16 +144,20 @@ def why_no_fuse(state: FusionState, a: Group, b: Group) -> str | None:
         return f"{members[member].name} would be recomputed in an inner loop it does not use"
     if (partials := reads_partials(a, b) or reads_partials(b, a)) is not None:
         return f"{partials} holds a split reduction's partials: its reader reduces them in another kernel"
-    if (through := cycle_through(state, a, b)) is not None:
-        return f"fusion would create a cycle through {through}"
+    if (through := state.order.cycle_through(a, b)) is not None:
+        return f"fusion would create a cycle through {'+'.join(through.names)}"
     bodies = resolve_bodies([n.step for n in members])
     if isinstance(bodies, str):
         return bodies
     if (recomputed := recomputed_reduction(bodies, alignment)) is not None:
         return f"the reduction in {recomputed} would be recomputed for every element of an inner loop"
+    fused.alignment, fused.bodies = alignment, bodies
+    plan = state.order.plan(a, b, fused)
     if all(split_reduction_member(state, n) for n in members):
-        return None  # a few KiB held longer: one kernel reads the data (or the partials) once
-    return peak_memory_refusal(state, a, b)
+        return Fused(fused, plan)  # a few KiB held longer: one kernel reads the data (or the partials) once
+    if (after := state.order.peak_after(plan)) > state.order.peak:
+        return f"fusion would raise peak memory from {state.order.peak} to {after} bytes"
+    return Fused(fused, plan)
 
 
 SMALL_BYTES = 1 << 16
@@ -158,43 +177,8 @@ def reads_partials(producer: Group, consumer: Group) -> str | None:
     """A split reduction's partials fused into their reader would be the reduction in one program
     again, inside another reduction's loop (Note: split reductions, lower/split_reductions.py)."""
     partials = {n.name for n in producer.nodes if isinstance(n.step, ComputedBuffer) and n.step.split_partials}
-    read = partials & consumer.reads()
+    read = partials & consumer.reads
     return next(iter(sorted(read))) if read else None
-
-
-def cycle_through(state: FusionState, a: Group, b: Group) -> str | None:
-    """A group on a path between `a` and `b`: fusing them would make it both before and after."""
-    between = (descendants(state, a) & ancestors(state, b)) | (descendants(state, b) & ancestors(state, a))
-    between -= {a, b}
-    return "+".join(next(iter(between)).names) if between else None
-
-
-def _edges(state: FusionState) -> dict[Group, set[Group]]:
-    owner = state.group_of()
-    return {g: {owner[d] for n in g.nodes for d in n.depends_on if owner[d] is not g} for g in state.groups}
-
-
-def ancestors(state: FusionState, group: Group) -> set[Group]:
-    return _reach(group, _edges(state))
-
-
-def descendants(state: FusionState, group: Group) -> set[Group]:
-    successors: dict[Group, set[Group]] = {g: set() for g in state.groups}
-    for g, preds in _edges(state).items():
-        for p in preds:
-            successors[p].add(g)
-    return _reach(group, successors)
-
-
-def _reach(start: Group, edges: dict[Group, set[Group]]) -> set[Group]:
-    seen: set[Group] = set()
-    stack = list(edges.get(start, ()))
-    while stack:
-        g = stack.pop()
-        if g not in seen:
-            seen.add(g)
-            stack.extend(edges.get(g, ()))
-    return seen
 
 
 def recomputed_reduction(bodies: dict, alignment: tuple) -> str | None:
@@ -209,39 +193,3 @@ def recomputed_reduction(bodies: dict, alignment: tuple) -> str | None:
             if dims != list(range(len(dims))):
                 return name
     return None
-
-
-def peak_memory_refusal(state: FusionState, a: Group, b: Group) -> str | None:
-    fused = Group(sorted(a.nodes + b.nodes, key=lambda n: n.position))
-    after = [g for g in state.groups if g is not a and g is not b] + [fused]
-    before_peak, after_peak = schedule_peak(state, state.groups), schedule_peak(state, topological_order(after))
-    if after_peak > before_peak:
-        return f"fusion would raise peak memory from {before_peak} to {after_peak} bytes"
-    return None
-
-
-def schedule_peak(state: FusionState, groups: list[Group]) -> int:
-    return peak_bytes(
-        groups,
-        reads=lambda g: g.reads(),
-        writes=lambda g: state.stored(g, groups),
-        nbytes=lambda b: state.nbytes.get(b, 0),
-        never_freed=state.outputs,
-    )
-
-
-def topological_order(groups: list[Group]) -> list[Group]:
-    """Groups in dependency order, earliest program position first among the ready ones."""
-    owner = {n: g for g in groups for n in g.nodes}
-    preds = {g: {owner[d] for n in g.nodes for d in n.depends_on if owner[d] is not g} for g in groups}
-    done: set[Group] = set()
-    order: list[Group] = []
-    remaining = sorted(groups, key=lambda g: g.position)
-    while remaining:
-        ready = next((g for g in remaining if preds[g] <= done), None)
-        if ready is None:
-            raise RuntimeError("schedule: dependency cycle between groups")
-        order.append(ready)
-        done.add(ready)
-        remaining.remove(ready)
-    return order

@@ -10,6 +10,7 @@ An `IndexedStore` mutates a buffer an earlier step created: it also reads that b
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from torch.utils._pytree import tree_flatten
@@ -44,7 +45,6 @@ class SchedulerNode:
     reads: list[Dep] = field(default_factory=list)
     writes: list[str] = field(default_factory=list)
     depends_on: set[SchedulerNode] = field(default_factory=set)  # direct predecessors
-    ancestors: set[SchedulerNode] = field(default_factory=set)
 
     @property
     def name(self) -> str:
@@ -54,7 +54,7 @@ class SchedulerNode:
     def is_extern(self) -> bool:
         return isinstance(self.step, ExternCall)
 
-    @property
+    @functools.cached_property
     def runs_alone(self) -> bool:
         """Never fused: externs, stores at computed positions and scans (whose scanned dim is
         a sequential loop no other member could share)."""
@@ -63,9 +63,10 @@ class SchedulerNode:
             return any(u.op is Ops.SCAN for u in step.body.toposort)
         return True
 
-    @property
-    def read_buffers(self) -> set[str]:
-        return {d.buffer for d in self.reads if not isinstance(d, WeakDep)}
+    @functools.cached_property
+    def read_buffers(self) -> frozenset[str]:
+        # WeakDeps, the only reads added after a node is made, are not reads of data
+        return frozenset(d.buffer for d in self.reads if not isinstance(d, WeakDep))
 
     def __repr__(self) -> str:
         return f"SchedulerNode({self.name})"
@@ -83,8 +84,6 @@ def build_nodes(graph: LoweredGraph) -> list[SchedulerNode]:
             earlier = [w for w in writers.get(d.buffer, []) if w.position < n.position]
             if earlier:
                 n.depends_on.add(earlier[-1])
-    for n in nodes:  # the program order is topological
-        n.ancestors = set().union(*(d.ancestors | {d} for d in n.depends_on)) if n.depends_on else set()
     return nodes
 
 
@@ -120,14 +119,15 @@ def mutated_buffers(step: ExternCall) -> list[str]:
 
 def _add_mutation_order(nodes: list[SchedulerNode]) -> None:
     """A node that mutates a buffer must run after every earlier reader of it (WeakDep)."""
-    for i, node in enumerate(nodes):
+    readers: dict[str, list[SchedulerNode]] = {}  # buffer -> its readers so far, in order
+    for node in nodes:
         if isinstance(node.step, IndexedStore):
             mutated = [node.step.name]
         elif isinstance(node.step, ExternCall):
             mutated = mutated_buffers(node.step)
         else:
-            continue
+            mutated = []
         for buffer in mutated:
-            for earlier in nodes[:i]:
-                if buffer in earlier.read_buffers:
-                    node.reads.append(WeakDep(earlier.name))
+            node.reads.extend(WeakDep(earlier.name) for earlier in readers.get(buffer, ()))
+        for buffer in node.read_buffers:
+            readers.setdefault(buffer, []).append(node)

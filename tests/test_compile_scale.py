@@ -1,0 +1,68 @@
+"""Compile work grows linearly with the graph: the scheduler's work counters
+(`ember.schedule.order.ScheduleWork`) on a chain of N and 2N transformer-like layers,
+forward and backward, at most STEEPEST times more at 2N. Counts, never timings: a stage
+that turns quadratic again (a whole-schedule simulation per candidate pair, an edge map
+rebuilt per pair, a re-sort after every merge) doubles its growth and fails here."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._functorch.aot_autograd import aot_function, make_boxed_func
+
+from ember.lower import lower_graph
+from ember.lower.decompositions import decomposition_table
+from ember.schedule import schedule
+
+WIDTH, TOKENS = 16, 8
+STEEPEST = 2.5  # linear growth doubles; a quadratic stage quadruples
+
+
+def layer(x, w1, w2, attention):
+    h = F.layer_norm(x, (WIDTH,))
+    scores = (h @ h.T / WIDTH**0.5).softmax(-1)  # a softmax row, read back by the matmul's epilogue
+    h = h + attention * (scores @ h)
+    return x + F.gelu(h @ w1) @ w2
+
+
+def chain(layers):
+    def loss(x, *weights):
+        for i in range(layers):
+            x = layer(x, weights[3 * i], weights[3 * i + 1], weights[3 * i + 2])
+        return x.square().mean()
+
+    torch.manual_seed(0)
+    weights = []
+    for _ in range(layers):
+        weights += [torch.randn(WIDTH, 2 * WIDTH) / 4, torch.randn(2 * WIDTH, WIDTH) / 4, torch.rand(WIDTH)]
+    return loss, [torch.randn(TOKENS, WIDTH, requires_grad=True)] + [w.requires_grad_() for w in weights]
+
+
+def scheduler_work(layers: int) -> dict[str, int]:
+    """The scheduler's work on the forward and backward graphs of `layers` layers, summed."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return make_boxed_func(gm.forward)
+
+    loss, inputs = chain(layers)
+    compiled = aot_function(loss, fw_compiler=capture, bw_compiler=capture, decompositions=decomposition_table())
+    compiled(*inputs).backward()
+    work: dict[str, int] = {}
+    for gm, example_inputs in graphs:
+        lowered, _ = lower_graph(gm, example_inputs)
+        for name, count in vars(schedule(lowered).work).items():
+            work[name] = work.get(name, 0) + count
+    return work
+
+
+@pytest.fixture(scope="module")
+def work_at_two_sizes():
+    return scheduler_work(6), scheduler_work(12)
+
+
+@pytest.mark.parametrize("counter", ["candidate_pairs", "pairs_examined", "edges_visited", "simulation_steps"])
+def test_scheduler_work_grows_linearly_with_depth(work_at_two_sizes, counter):
+    small, large = work_at_two_sizes
+    assert small[counter] > 0
+    assert large[counter] <= STEEPEST * small[counter], (counter, small[counter], large[counter])
