@@ -43,6 +43,7 @@ from ember.runtime.cpu import CompiledKernel, compile_cpp, compiler_identity, si
 from ember.runtime.search import machine_identity
 from ember.schedule import KernelStep, graph_last_uses, schedule
 from ember.wrapper.python import KernelBinary, WrapperSource, generate_wrapper, load_wrapper
+from ember.wrapper.verify import VerifiedGraph
 
 
 @contextlib.contextmanager
@@ -70,8 +71,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
     # the passes run first and the key is the graph after them.
     hooks = bool(config.pre_passes or config.post_passes)
     versions += f" {machine_identity()}" if config.kernel_search else ""  # a wrapper may hold a recorded winner
-    # a debug run wants every stage's dump, so it never loads a graph whole
-    use_cache = config.graph_cache and not config.debug
+    # a debug run wants every stage's dump, so it never loads a graph whole; a verified one needs
+    # the lowered graph and the steps, which a cached graph does not keep
+    use_cache = config.graph_cache and not config.debug and not config.verify
+    original = gm  # the passes work on a copy: verify checks against the graph as received
     key, call = None, None
     if not hooks:
         key, call = _key_and_cached(gm, example_inputs, config, versions, use_cache, timings)
@@ -85,9 +88,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
     if call is None:
         debug.write("fx_graph.txt", received)
         debug.write("fx_graph_after_passes.txt", gm.print_readable(print_output=False))
-        call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings)
+        call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings, original)
         summary.pass_rewrites = dict(rewrites)
-        if config.graph_cache:  # off means neither loaded nor written
+        if config.graph_cache and not config.verify:  # off means neither loaded nor written
             with stage("graph_cache_store", timings):
                 graph_cache.store(cache_dir, key, source, objects, summary)
     else:
@@ -109,9 +112,11 @@ def _key_and_cached(gm, example_inputs, config: Config, versions: str, use_cache
         return key, _load_cached(gm, key, config)
 
 
-def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump, timings: dict) -> tuple:
+def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump, timings: dict,
+                    original: torch.fx.GraphModule | None = None) -> tuple:  # fmt: skip
     """Every stage, in order; returns the loaded wrapper, its source and a summary.
-    C++ kernels go to gcc as soon as each is rendered (Note: compiling while generating)."""
+    C++ kernels go to gcc as soon as each is rendered (Note: compiling while generating).
+    `original`: the graph before the passes, which `config.verify` checks each call against."""
     device = graph_device(gm, example_inputs)
     backend = graph_backend(device, config)
     with stage("lower", timings):
@@ -149,9 +154,11 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         host_inputs = frozenset(b.name for b, x in zip(graph.inputs, example_inputs)
                                 if isinstance(x, torch.Tensor) and x.device != device)  # fmt: skip
         wrapper = generate_wrapper(
-            graph, steps, binaries, device, host_inputs, config.huge_pages, config.buffer_pool_mb << 20
+            graph, steps, binaries, device, host_inputs, config.huge_pages, config.buffer_pool_mb << 20, config.verify
         )
         call, path = load_wrapper(wrapper, graph.constants, Path(config.cache_dir))
+        if config.verify:  # Note: verifying a compiled graph
+            call = VerifiedGraph(call, original if original is not None else gm, graph, steps, binaries, config.strict)
     debug.write("wrapper.py", wrapper.source)
     explanation = (
         f"=== graph with inputs {[b.name for b in graph.inputs]}\n{describe_fusion(scheduled)}"

@@ -67,12 +67,22 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], fallback_ra
             env[node] = _lower_constant(ctx, node, getattr(gm, node.target))
         elif node.op == "call_function":
             env[node] = _lower_call(ctx, node, env)
+            _record_holder(ctx.graph, node, env[node])
         elif node.op == "output":
             ctx.graph.outputs = _lower_outputs(ctx, node, env)
         else:
             raise EmberError("lower", f"unexpected FX node kind {node.op!r}", node.name)
     ctx.graph.buffers = ctx.buffers
     return ctx.graph, ctx
+
+
+def _record_holder(graph: LoweredGraph, node: torch.fx.Node, value: Any) -> None:
+    """Note: which node a buffer holds. A node whose value is a plain strided read of a buffer
+    is, element for element, that buffer seen through a layout; the first such node of each
+    buffer names the aten computation the buffer holds (EMBER_VERIFY compares the two)."""
+    read = as_strided_read(value) if isinstance(value, TensorValue) else None
+    if read is not None and read[0] not in graph.holds:
+        graph.holds[read[0]] = (node.name, read[1])
 
 
 def _lower_placeholder(ctx: LoweringContext, node: torch.fx.Node, example: Any) -> Any:
@@ -191,6 +201,8 @@ def _lower_outputs(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> list
             continue
         if result not in realized:
             realized[result] = _output_buffer(ctx, result, value, taken={r.name for r in realized.values()})
+            if isinstance(result, torch.fx.Node) and realized[result].name not in ctx.graph.holds:
+                ctx.graph.holds[realized[result].name] = (result.name, realized[result].layout)
         outputs.append(OutputSpec(realized[result]))
     return outputs
 
