@@ -121,3 +121,4 @@ def test_a_broken_lowering_in_the_backward_graph_is_found(monkeypatch):
     _, messages = run_silently(lambda: training_step(compiled, torch.randn(8, 16)))
     assert len(messages) == 1
     assert "(aten.div.Tensor)" in messages[0]
+    assert "source: the backward of module L['fn']." in messages[0]

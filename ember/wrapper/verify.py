@@ -304,7 +304,9 @@ def float_difference(got: torch.Tensor, want: torch.Tensor, rtol: float) -> str:
 
 
 def source_line(node: torch.fx.Node, fused: tuple[torch.fx.Node, ...]) -> str:
-    """The user's line for `node` (or the first fused node that has one), from its stack trace."""
+    """The user's line for `node` (or the first fused node that has one), from its stack trace;
+    for a backward node (AOTAutograd keeps no stack trace there), the forward module and the
+    aten op it is the gradient of."""
     for n in (node, *fused):
         trace = n.meta.get("stack_trace")
         if trace:
@@ -312,4 +314,12 @@ def source_line(node: torch.fx.Node, fused: tuple[torch.fx.Node, ...]) -> str:
             if frames:
                 path, line, function, code = frames[-1]
                 return f'File "{path}", line {line}, in {function}: {code.strip()}'
+    for n in (node, *fused):
+        modules = n.meta.get("fwd_nn_module_stack") or n.meta.get("nn_module_stack")
+        if modules:
+            path, kind = list(modules.values())[-1]
+            kind_name = getattr(kind, "__name__", str(kind))
+            of = f" (part of {n.meta['original_aten']})" if n.meta.get("original_aten") else ""
+            backward = "the backward of " if n.meta.get("partitioner_tag") == "is_backward" else ""
+            return f"{backward}module {path} ({kind_name}){of}; no stack trace"
     return "unknown (the FX node has no stack trace)"
