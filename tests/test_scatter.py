@@ -64,6 +64,22 @@ def test_scatter_scatter_add_scatter_reduce(dtype, layout):
     assert ember.metrics.graphs_compiled == 1
 
 
+def test_accumulating_an_expanded_source_adds_every_repeat():
+    # index and source broadcast along dim 0 (stride 0): neither position nor value varies with
+    # that loop, yet each of its iterations adds again (the loop was dropped: 1 add, not 5)
+    x = data((5, 5), f32)
+    index = indices([[4, 3, 4, 4, 3]]).expand(5, 5)
+    source = data((1, 5), f32, 1).expand(5, 5)
+    rows = indices([1]).expand(6)
+    ops = {
+        "scatter_add": lambda x, i, s, r: x.scatter_add(0, i, s),
+        "scatter_reduce_prod": lambda x, i, s, r: x.scatter_reduce(0, i, s, "prod"),
+        "index_put_accumulate": lambda x, i, s, r: x.index_put((r,), s[:1].expand(6, 5), accumulate=True),
+        "index_add": lambda x, i, s, r: x.index_add(0, r, s[:1].expand(6, 5)),
+    }
+    check_lowered(ops, x, index, source, rows)
+
+
 def test_scatter_bool():
     ops = {k: SCATTER[k] for k in ("scatter_src", "scatter_add_dim1", "scatter_reduce_amax_False")}
     ops["scatter_value"] = lambda x, d, u, s: x.scatter(0, d, True)
