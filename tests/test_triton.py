@@ -107,7 +107,9 @@ test_scatter_scatter_add_scatter_reduce = _subset(
     test_scatter.test_scatter_scatter_add_scatter_reduce, layout=lambda layout: layout == "transposed"
 )
 test_scatter_bool = test_scatter.test_scatter_bool
-test_accumulating_an_expanded_source_adds_every_repeat = test_scatter.test_accumulating_an_expanded_source_adds_every_repeat
+test_accumulating_an_expanded_source_adds_every_repeat = (
+    test_scatter.test_accumulating_an_expanded_source_adds_every_repeat
+)
 test_scatter_nan_and_infinities = test_scatter.test_scatter_nan_and_infinities
 test_scatter_0d_and_empty = test_scatter.test_scatter_0d_and_empty
 test_scatter_with_duplicates_stores_one_of_the_values = (

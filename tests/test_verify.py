@@ -67,7 +67,7 @@ def test_a_broken_lowering_is_named_with_its_node_and_line(monkeypatch):
     message = str(raised.value)
     assert "holds node 'relu' (aten.relu.default)" in message
     assert "max abs error 0.01" in message
-    assert f'line {RELU_LINE}, in relu_then_more' in message
+    assert f"line {RELU_LINE}, in relu_then_more" in message
     assert ember.metrics.verify_mismatches == 1
 
 

@@ -80,8 +80,7 @@ class Mismatch:
     def message(self) -> str:
         fused = ", ".join(f"{n.name} ({n.target})" for n in self.fused) or "(none known)"
         lines = [
-            f"{self.step.label} (step {self.step.number} of {self.step.total}) differs from "
-            f"the float64 reference",
+            f"{self.step.label} (step {self.step.number} of {self.step.total}) differs from the float64 reference",
             f"  buffer {self.buffer} holds node '{self.node.name}' ({self.node.target}): {self.detail}",
             f"  fused aten nodes: {fused}",
             f"  source: {source_line(self.node, self.fused)}",
