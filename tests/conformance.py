@@ -477,10 +477,18 @@ class Worker:
         return OpResult(**record)
 
     def read_line(self, timeout: float) -> str:
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        if not ready:
-            self.stop()
-            raise WorkerDied(f"timed out after {timeout:g} s", self.last_sample())
+        """The worker's next line; it dies when `timeout` passes with no new sample started
+        (the timeout is per sample: an op may have hundreds)."""
+        sample = self.last_sample() if self.process.poll() is None else None
+        while True:
+            ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+            if ready:
+                break
+            now = self.last_sample()
+            if now == sample or now is None:
+                self.stop()
+                raise WorkerDied(f"timed out after {timeout:g} s on one sample", now)
+            sample = now
         line = self.process.stdout.readline()
         if not line:
             code = self.process.wait()
@@ -555,7 +563,11 @@ def sweep(units: list[tuple[str, str]], args: argparse.Namespace, cache_dir: str
             try:
                 worker = worker or Worker(args, env, os.path.join(log_dir, f"worker{index}.log"))
                 part, resume = worker.run(unit, args.timeout), None
-            except WorkerDied as e:
+            except Exception as e:  # WorkerDied, or anything that breaks the pipe to it
+                if not isinstance(e, WorkerDied):
+                    if worker is not None:
+                        worker.stop()
+                    e = WorkerDied(f"worker lost: {one_line(e)}", None)
                 part, resume, worker = crashed(unit, e, time.perf_counter() - start), None, None
                 if e.sample is not None:
                     resume = (unit[0], unit[1], e.sample + 1)
@@ -710,8 +722,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"comma-separated layouts, of: {', '.join(VARIANTS)}")  # fmt: skip
     parser.add_argument("--samples", type=int, default=0, help="at most N sample inputs per op; 0: all")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds per (op, layout) before it counts as a crash")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=180.0,
+                        help="seconds one sample may take before it counts as a crash")  # fmt: skip
     parser.add_argument("--results", help="a JSON-lines file: each (op, layout) result is appended as it comes, "
                         "and those already there are not run again (resume a sweep, run it in slices)")  # fmt: skip
     parser.add_argument("--json", help="write every (op, layout) result here at the end")
