@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.conformance import load_ops, run_op
-from tests.conformance_layouts import VARIANTS
+from tests.conformance_layouts import VARIANTS, relayout
 
 POINTWISE = [
     "add", "mul", "div.no_rounding_mode", "abs", "exp", "log", "sigmoid", "nn.functional.gelu", "clamp", "where",
@@ -73,3 +73,24 @@ def test_opinfo_layouts(dtype, key, variant):
     result = run_op(layout_ops(dtype)[key], dtype, SAMPLES, variant)
     assert result.status in ("pass", "skip"), f"{key} [{variant}]: {result.status}: {result.reason}"
     assert result.status == "pass" or result.reason == "no samples in this layout", result.reason
+
+
+def test_layout_variants_keep_shape_dtype_and_values_and_survive_cloning():
+    from tests.conformance import clone
+
+    x = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5)
+    index = torch.tensor([[0, 2], [1, 1]])
+    for variant in LAYOUTS:
+        (y, i), changed = relayout((x, index), variant)
+        assert changed and y.shape == x.shape and y.dtype == x.dtype
+        if variant != "expanded":  # an expand repeats its first slice: other values, on purpose
+            assert torch.equal(y, x)
+        copy = clone(y)
+        assert copy.stride() == y.stride() and copy.storage_offset() == y.storage_offset(), variant
+        assert torch.equal(copy, y) and copy.data_ptr() != y.data_ptr()
+    assert relayout((x,), "transposed")[0][0].stride() == (60, 20, 1, 4)
+    assert relayout((x,), "sliced")[0][0].stride() == (960, 160, 20, 2)
+    assert relayout((x,), "expanded")[0][0].stride()[0] == 0
+    assert relayout((x,), "offset")[0][0].storage_offset() == 3
+    assert relayout((x,), "channels_last")[0][0].is_contiguous(memory_format=torch.channels_last)
+    assert not relayout((torch.ones(3),), "transposed")[1]  # nothing to transpose: not run
