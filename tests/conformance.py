@@ -639,6 +639,11 @@ def print_report(units: list[OpResult], dtype: torch.dtype) -> None:
     skips = Counter(skip_family(r.reason) for r in by_status["skip"])
     if skips:
         print(f"\n-- skip ({len(by_status['skip'])}): " + "; ".join(f"{why} x{n}" for why, n in skips.most_common()))
+    deliberate = [u for u in units if u.reason.startswith("SKIPS: ")]
+    if deliberate:
+        print(f"\n-- deliberate skips ({len(deliberate)}), from SKIPS in tests/conformance_layouts.py")
+        for u in deliberate:
+            print(f"  {u.op} [{u.variant}]: {u.reason.removeprefix('SKIPS: ')}")
     print_layout_table(units)
     print_totals(results, by_status)
 
