@@ -224,8 +224,10 @@ class Reference:
             return UNAVAILABLE
         if self.wide:
             args, kwargs = tree_map(widen_dtype, args), tree_map(widen_dtype, kwargs)
+        target = node.target
+        assert callable(target)  # a call_function node's target is the function
         try:
-            return node.target(*args, **kwargs)
+            return target(*args, **kwargs)
         except Exception:
             return UNAVAILABLE
 
