@@ -121,8 +121,16 @@ class Skip:
 # contiguous copy. The expanded layout repeats values on purpose, so its index outputs are ties.
 TIE_INDICES = "ties by construction: which equal element's index is returned is unspecified (eager's varies by layout)"
 
+# Training-mode batch norm writes its running statistics in place; expanded (stride 0) they
+# overlap, and dynamo's fake-tensor run of the write raises before any backend sees a graph
+# (aot_eager too), while eager's kernel writes them anyway.
+OVERLAPPING_WRITE = "writes an input in place that the expanded layout makes overlap: torch.compile itself raises"
+
 # by OpInfo key (`name` or `name.variant`)
 SKIPS: dict[str, Skip] = {
+    "native_batch_norm": Skip(OVERLAPPING_WRITE, ("expanded",)),
+    "_native_batch_norm_legit": Skip(OVERLAPPING_WRITE, ("expanded",)),
+    "_batch_norm_with_update": Skip(OVERLAPPING_WRITE, ("expanded",)),
     "median": Skip(TIE_INDICES, ("expanded",)),
     "nanmedian": Skip(TIE_INDICES, ("expanded",)),
 }

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from tests.helpers import check_lowered, compile_fn, data, indices, test_device, to_test_device, transposed
+from tests.helpers import check, check_lowered, compile_fn, data, indices, test_device, to_test_device, transposed
 
 f32, f64, i32, i64, b8 = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
 
@@ -318,6 +318,13 @@ def test_diagonal_and_as_strided_scatter():
         "as_strided_3": lambda x, s: torch.as_strided_scatter(x, s[0, :3], (3,), (6,)),
     }
     check_lowered(ops, data((4, 5)), data((3, 5), seed=1))
+
+
+def test_as_strided_scatter_of_an_expanded_input_keeps_every_row():
+    # the fake kernel gives the result its input's strides (0, 1), which the values do not have
+    # (eager's clone is dense): stored once and returned broadcast, every row was the first
+    x = data((1, 3)).expand(3, 3)
+    check(lambda x, s: torch.as_strided_scatter(x, s, (2, 2), (1, 2), 0), x, data((2, 2), seed=1))
 
 
 # ---- out of range ---------------------------------------------------------------------------------

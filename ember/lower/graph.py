@@ -27,6 +27,7 @@ from ember.lower.registry import FULL_PRECISION_ONLY, Unsupported, lookup
 from ember.lower.values import TensorValue, as_strided_read, axis, const_index, load
 from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
 from ember.uop.ops import Ops
+from ember.uop.symbolic import simplify
 
 # Inductor's `realize_opcount_threshold` plays the same role; above it, reuse beats recompute.
 REUSE_OPCOUNT = 30
@@ -220,7 +221,9 @@ def _output_buffer(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue
         if buffer.kind in ("computed", "extern") and buffer.name not in taken:
             return BufferRef(buffer.name, read[1], buffer.dtype)
     if eager is not None and 0 in eager.stride:
-        return _realize_broadcast(ctx, node.name, value, eager)
+        if _constant_where_broadcast(value, eager):
+            return _realize_broadcast(ctx, node.name, value, eager)
+        eager = None  # a fake kernel's stride 0 (as_strided_scatter of an expanded input) the values do not have
     return ctx.realize(value, node.name, eager or Layout.contiguous(value.shape), fresh=True)
 
 
@@ -250,6 +253,12 @@ def _eager_output_layout(meta: Any, shape: tuple[int, ...]) -> Layout | None:
 
 def _same_strides(a: Layout, b: Layout) -> bool:
     return all(x == y or size == 1 for x, y, size in zip(a.stride, b.stride, a.size))
+
+
+def _constant_where_broadcast(value: TensorValue, layout: Layout) -> bool:
+    """Whether `value` is the same along every dim `layout` broadcasts (stride 0, size > 1)."""
+    used = {u.arg for u in simplify(value.body).toposort if u.op is Ops.AXIS}  # (ax * 0 is no use)
+    return not any(st == 0 and size != 1 and i in used for i, (size, st) in enumerate(zip(value.shape, layout.stride)))
 
 
 def _realize_broadcast(ctx: LoweringContext, origin: str, value: TensorValue, layout: Layout) -> BufferRef:
