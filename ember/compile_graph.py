@@ -45,6 +45,7 @@ from ember.runtime.cpu import CompiledKernel, compile_cpp, kernel_identity, simd
 from ember.runtime.search import machine_identity
 from ember.schedule import KernelStep, graph_last_uses, schedule
 from ember.wrapper.python import KernelBinary, WrapperSource, generate_wrapper, load_wrapper
+from ember.wrapper.verify import VerifiedGraph
 
 
 class StageTimes(dict):
@@ -93,8 +94,10 @@ def _compile_graph(
     # the passes run first and the key is the graph after them.
     hooks = bool(config.pre_passes or config.post_passes)
     versions += f" {machine_identity()}" if config.kernel_search else ""  # a wrapper may hold a recorded winner
-    # a debug run wants every stage's dump, so it never loads a graph whole
-    use_cache = config.graph_cache and not config.debug
+    # a debug run wants every stage's dump, so it never loads a graph whole; a verified one needs
+    # the lowered graph and the steps, which a cached graph does not keep
+    use_cache = config.graph_cache and not config.debug and not config.verify
+    original = gm  # the passes work on a copy: verify checks against the graph as received
     key, call = None, None
     if not hooks:
         key, call = _key_and_cached(gm, example_inputs, config, versions, use_cache, timings)
@@ -108,9 +111,9 @@ def _compile_graph(
     if call is None:
         debug.write("fx_graph.txt", received)
         debug.write("fx_graph_after_passes.txt", gm.print_readable(print_output=False))
-        call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings)
+        call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings, original)
         summary.pass_rewrites = dict(rewrites)
-        if config.graph_cache:  # off means neither loaded nor written
+        if config.graph_cache and not config.verify:  # off means neither loaded nor written
             with stage("graph_cache_store", timings):
                 graph_cache.store(cache_dir, key, source, objects, summary)
     else:
@@ -133,9 +136,11 @@ def _key_and_cached(gm, example_inputs, config: Config, versions: str, use_cache
         return key, _load_cached(gm, key, config)
 
 
-def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump, timings: dict) -> tuple:
+def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump, timings: dict,
+                    original: torch.fx.GraphModule | None = None) -> tuple:  # fmt: skip
     """Every stage, in order; returns the loaded wrapper, its source and a summary.
-    C++ kernels go to gcc as soon as each is rendered (Note: compiling while generating)."""
+    C++ kernels go to gcc as soon as each is rendered (Note: compiling while generating).
+    `original`: the graph before the passes, which `config.verify` checks each call against."""
     device = graph_device(gm, example_inputs)
     backend = graph_backend(device, config)
     with stage("lower", timings):
@@ -179,9 +184,11 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         host_inputs = frozenset(b.name for b, x in zip(graph.inputs, example_inputs)
                                 if isinstance(x, torch.Tensor) and x.device != device)  # fmt: skip
         wrapper = generate_wrapper(
-            graph, steps, binaries, device, host_inputs, config.huge_pages, config.buffer_pool_mb << 20
+            graph, steps, binaries, device, host_inputs, config.huge_pages, config.buffer_pool_mb << 20, config.verify
         )
         call, path = load_wrapper(wrapper, graph.constants, Path(config.cache_dir))
+        if config.verify:  # Note: verifying a compiled graph
+            call = VerifiedGraph(call, original if original is not None else gm, graph, steps, binaries, config.strict)
     debug.write("wrapper.py", wrapper.source)
     explanation = (
         f"=== graph with inputs {[b.name for b in graph.inputs]}\n{describe_fusion(scheduled)}"

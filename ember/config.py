@@ -60,6 +60,10 @@ class Config:
                               "relu as a oneDNN post-op too: faster, but relu(NaN) gives 0, not NaN")  # fmt: skip
     pre_passes: tuple = _flag((), "", False, "callables f(graph: torch.fx.Graph) run before ember's passes")
     post_passes: tuple = _flag((), "", False, "callables f(graph: torch.fx.Graph) run after ember's passes")
+    verify: bool = _flag(False, "EMBER_VERIFY", False,
+                         "run each compiled call also as the aten graph in float64 eager and warn (raise under "
+                         "strict) naming the first kernel whose output differs, its aten nodes and source line "
+                         "(Note: verifying a compiled graph); slow, for debugging; no graph cache")  # fmt: skip
     kernel_search: bool = _flag(False, "EMBER_KERNEL_SEARCH", True,
                                 "time a few renderings of each C++ kernel (threads, collapse, vector width, "
                                 "unrolling) at its first call and keep the fastest (cached on disk)")  # fmt: skip

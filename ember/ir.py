@@ -156,3 +156,6 @@ class LoweredGraph:
     steps: list[ComputedBuffer | IndexedStore | ExternCall] = field(default_factory=list)
     outputs: list[OutputSpec] = field(default_factory=list)
     buffers: dict[str, Buffer] = field(default_factory=dict)  # every named buffer, by name
+    # buffer name -> (the first FX node whose value is that buffer read through a layout, the
+    # layout): which aten computation a buffer holds, for EMBER_VERIFY (wrapper/verify.py)
+    holds: dict[str, tuple[str, Layout]] = field(default_factory=dict)

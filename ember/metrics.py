@@ -47,6 +47,8 @@ class Metrics:
     search_candidates_timed: int = 0  # renderings timed by those searches
     search_winners_loaded: int = 0  # kernels that took a winner recorded on disk, with no search
     shape_specializations: int = 0  # static graphs compiled from a symbolic one (shape_specialization.py)
+    verify_checks: int = 0  # EMBER_VERIFY: buffers compared with float64 eager (wrapper/verify.py)
+    verify_mismatches: int = 0  # EMBER_VERIFY: calls in which a step differed
     pooled_buffers_reused: int = 0  # large CPU buffers lent again from the pool (runtime/memory.py)
 
     def add(self, **amounts: float) -> None:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from tests.helpers import check_lowered, compile_fn, data, indices, test_device, to_test_device, transposed
+from tests.helpers import check, check_lowered, compile_fn, data, indices, test_device, to_test_device, transposed
 
 f32, f64, i32, i64, b8 = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
 
@@ -62,6 +62,22 @@ def test_scatter_scatter_add_scatter_reduce(dtype, layout):
     assert layout == "contiguous" or not (x.is_contiguous() or d.is_contiguous() or s.is_contiguous())
     check_lowered(SCATTER, x, d, u, s)
     assert ember.metrics.graphs_compiled == 1
+
+
+def test_accumulating_an_expanded_source_adds_every_repeat():
+    # index and source broadcast along dim 0 (stride 0): neither position nor value varies with
+    # that loop, yet each of its iterations adds again (the loop was dropped: 1 add, not 5)
+    x = data((5, 5), f32)
+    index = indices([[4, 3, 4, 4, 3]]).expand(5, 5)
+    source = data((1, 5), f32, 1).expand(5, 5)
+    rows = indices([1]).expand(6)
+    ops = {
+        "scatter_add": lambda x, i, s, r: x.scatter_add(0, i, s),
+        "scatter_reduce_prod": lambda x, i, s, r: x.scatter_reduce(0, i, s, "prod"),
+        "index_put_accumulate": lambda x, i, s, r: x.index_put((r,), s[:1].expand(6, 5), accumulate=True),
+        "index_add": lambda x, i, s, r: x.index_add(0, r, s[:1].expand(6, 5)),
+    }
+    check_lowered(ops, x, index, source, rows)
 
 
 def test_scatter_bool():
@@ -302,6 +318,13 @@ def test_diagonal_and_as_strided_scatter():
         "as_strided_3": lambda x, s: torch.as_strided_scatter(x, s[0, :3], (3,), (6,)),
     }
     check_lowered(ops, data((4, 5)), data((3, 5), seed=1))
+
+
+def test_as_strided_scatter_of_an_expanded_input_keeps_every_row():
+    # the fake kernel gives the result its input's strides (0, 1), which the values do not have
+    # (eager's clone is dense): stored once and returned broadcast, every row was the first
+    x = data((1, 3)).expand(3, 3)
+    check(lambda x, s: torch.as_strided_scatter(x, s, (2, 2), (1, 2), 0), x, data((2, 2), seed=1))
 
 
 # ---- out of range ---------------------------------------------------------------------------------

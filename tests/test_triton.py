@@ -30,6 +30,7 @@ from tests import (
     test_scans,
     test_scatter,
     test_schedule,
+    test_verify,
 )
 from tests.helpers import check, check_lowered
 
@@ -107,6 +108,9 @@ test_scatter_scatter_add_scatter_reduce = _subset(
     test_scatter.test_scatter_scatter_add_scatter_reduce, layout=lambda layout: layout == "transposed"
 )
 test_scatter_bool = test_scatter.test_scatter_bool
+test_accumulating_an_expanded_source_adds_every_repeat = (
+    test_scatter.test_accumulating_an_expanded_source_adds_every_repeat
+)
 test_scatter_nan_and_infinities = test_scatter.test_scatter_nan_and_infinities
 test_scatter_0d_and_empty = test_scatter.test_scatter_0d_and_empty
 test_scatter_with_duplicates_stores_one_of_the_values = (
@@ -125,6 +129,11 @@ test_owner_dim_stores_are_atomic_across_a_block = test_scatter.test_owner_dim_st
 test_out_of_range_in_an_atomic_store_raises_and_flag_resets = (
     test_scatter.test_out_of_range_in_an_atomic_store_raises_and_flag_resets
 )
+# EMBER_VERIFY checks Triton kernels as it checks C++ ones (Note: verifying a compiled graph)
+test_verify_a_correct_graph_passes_silently = _subset(
+    test_verify.test_a_correct_graph_passes_silently, dtype=lambda dtype: dtype == torch.float32
+)
+test_verify_a_broken_lowering_is_named = test_verify.test_a_broken_lowering_is_named_with_its_node_and_line
 # reductions inside another reduction's loop (Note: nested reductions, renderer/triton.py)
 test_log_softmax_and_nll_loss_at_most_two_kernels = test_schedule.test_log_softmax_and_nll_loss_at_most_two_kernels
 test_multilabel_margin_loss_ignores_slots_after_the_first_minus_one = (

@@ -168,8 +168,22 @@ def indexed_store_sink(step: IndexedStore) -> UOp:
     index, value = substitute(step.index, mapping), substitute(step.value, mapping)
     out = step.buffer.uop()
     arg = ScatterArg(step.combine, atomic=owner is None)
-    store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, index)), value), arg)
+    repeats = _repeated_loops(step, loop_vars, index, value)
+    store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, index)), value, *repeats), arg)
     return UOp(Ops.SINK, dtypes.void, (store,))
+
+
+def _repeated_loops(step: IndexedStore, loop_vars: list[UOp], index: UOp, value: UOp) -> tuple[UOp, ...]:
+    """Loops of `step.shape` that neither the position nor the value varies with: iterations
+    that fold the same value into the same element again. Overwriting (or MAX/MIN) again
+    changes nothing, but ADD and MUL fold once per iteration (scatter_add of an index and a
+    source expanded along a dim, stride 0), so the store takes those ranges as extra sources
+    and is placed inside their loops (a UOp is placed by the ranges its sources vary with)."""
+    if step.combine not in (Ops.ADD, Ops.MUL):
+        return ()
+    loops = {u for v in loop_vars for u in v.toposort if u.op is Ops.RANGE}
+    used = graph_rewrite(index, pm_symbolic).ranges | graph_rewrite(value, pm_symbolic).ranges  # x*0 varies not
+    return tuple(sorted(loops - used, key=lambda r: r.arg.axis))
 
 
 OWNER_CHUNK = 16

@@ -137,6 +137,13 @@ class LoweringContext:
         return self.realize(a, origin)
 
     def _extern_output(self, meta: torch.Tensor) -> Buffer:
+        """The buffer for an aten result, in the strides its fake tensor gives, unless those
+        repeat elements (stride 0 along a longer dim): an aten op never writes a result that
+        way, and a fake kernel that copies its input's strides (as_strided_scatter of an
+        expanded input) would make the wrapper copy the real result into an overlapping
+        layout (`ensure_layout`), which raises. Such a result is kept row-major."""
         dtype = from_torch(meta.dtype)
-        layout = Layout(tuple(meta.shape), tuple(meta.stride()), 0)
+        shape, stride = tuple(meta.shape), tuple(meta.stride())
+        repeats = any(st == 0 and size > 1 for size, st in zip(shape, stride))
+        layout = Layout.contiguous(shape) if repeats else Layout(shape, stride, 0)
         return self.add_buffer(Buffer(self.new_name(), dtype, layout, "extern"))

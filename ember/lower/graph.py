@@ -27,6 +27,7 @@ from ember.lower.registry import EXTERN_BY_DESIGN, FULL_PRECISION_ONLY, Unsuppor
 from ember.lower.values import TensorValue, as_strided_read, axis, const_index, load
 from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
 from ember.uop.ops import Ops
+from ember.uop.symbolic import simplify
 
 # Inductor's `realize_opcount_threshold` plays the same role; above it, reuse beats recompute.
 REUSE_OPCOUNT = 30
@@ -67,12 +68,22 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], fallback_ra
             env[node] = _lower_constant(ctx, node, getattr(gm, node.target))
         elif node.op == "call_function":
             env[node] = _lower_call(ctx, node, env)
+            _record_holder(ctx.graph, node, env[node])
         elif node.op == "output":
             ctx.graph.outputs = _lower_outputs(ctx, node, env)
         else:
             raise EmberError("lower", f"unexpected FX node kind {node.op!r}", node.name)
     ctx.graph.buffers = ctx.buffers
     return ctx.graph, ctx
+
+
+def _record_holder(graph: LoweredGraph, node: torch.fx.Node, value: Any) -> None:
+    """Note: which node a buffer holds. A node whose value is a plain strided read of a buffer
+    is, element for element, that buffer seen through a layout; the first such node of each
+    buffer names the aten computation the buffer holds (EMBER_VERIFY compares the two)."""
+    read = as_strided_read(value) if isinstance(value, TensorValue) else None
+    if read is not None and read[0] not in graph.holds:
+        graph.holds[read[0]] = (node.name, read[1])
 
 
 def _lower_placeholder(ctx: LoweringContext, node: torch.fx.Node, example: Any) -> Any:
@@ -204,6 +215,8 @@ def _lower_outputs(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> list
             continue
         if result not in realized:
             realized[result] = _output_buffer(ctx, result, value, taken={r.name for r in realized.values()})
+            if isinstance(result, torch.fx.Node) and realized[result].name not in ctx.graph.holds:
+                ctx.graph.holds[realized[result].name] = (result.name, realized[result].layout)
         outputs.append(OutputSpec(realized[result]))
     return outputs
 
@@ -221,7 +234,9 @@ def _output_buffer(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue
         if buffer.kind in ("computed", "extern") and buffer.name not in taken:
             return BufferRef(buffer.name, read[1], buffer.dtype)
     if eager is not None and 0 in eager.stride:
-        return _realize_broadcast(ctx, node.name, value, eager)
+        if _constant_where_broadcast(value, eager):
+            return _realize_broadcast(ctx, node.name, value, eager)
+        eager = None  # a fake kernel's stride 0 (as_strided_scatter of an expanded input) the values do not have
     return ctx.realize(value, node.name, eager or _dense_in_eager_order(node.meta.get("val"), value.shape), fresh=True)
 
 
@@ -265,6 +280,12 @@ def _dense_in_eager_order(meta: Any, shape: tuple[int, ...]) -> Layout:
         stride[i] = expected
         expected *= max(shape[i], 1)
     return Layout(shape, tuple(stride))
+
+
+def _constant_where_broadcast(value: TensorValue, layout: Layout) -> bool:
+    """Whether `value` is the same along every dim `layout` broadcasts (stride 0, size > 1)."""
+    used = {u.arg for u in simplify(value.body).toposort if u.op is Ops.AXIS}  # (ax * 0 is no use)
+    return not any(st == 0 and size != 1 and i in used for i, (size, st) in enumerate(zip(value.shape, layout.stride)))
 
 
 def _realize_broadcast(ctx: LoweringContext, origin: str, value: TensorValue, layout: Layout) -> BufferRef:

@@ -511,7 +511,7 @@ class _Renderer:
         return "[XBLOCK, 1]" if self.block_phase(phase) is None else "[XBLOCK, RBLOCK]"
 
     def store(self, store: UOp, phase: Phase | None) -> None:
-        index, value = store.src
+        index, value = store.src[:2]  # (a scatter may add ranges it repeats over: codegen/kernel.py)
         buffer, position = index.src
         scope = self.scope_of(phase)
         pointer = f"tl.broadcast_to({buffer.arg.name} + {self.value(position, phase)}, {self.block_shape(phase)})"

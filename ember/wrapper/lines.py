@@ -166,6 +166,18 @@ class CheckGpuErrors:
 
 
 @dataclass
+class CheckBuffers:
+    """EMBER_VERIFY: hand the buffers step `step` completed to the call's verifier
+    (wrapper/verify.py), before any of them is freed or reused."""
+
+    step: int
+    names: list[str]
+
+    def render(self) -> str:
+        return f"_check({self.step}, {{{', '.join(f'{n!r}: {n}' for n in self.names)}}})"
+
+
+@dataclass
 class Return:
     values: list[str]
 
@@ -179,6 +191,7 @@ Line = (
     | Allocate
     | KernelCall
     | CheckGpuErrors
+    | CheckBuffers
     | ExternCall
     | Unpack
     | FreeIfNotReused

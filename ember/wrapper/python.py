@@ -66,10 +66,12 @@ def generate_wrapper(
     host_inputs: frozenset[str] = frozenset(),
     huge_pages: bool = False,
     pool_bytes: int = 0,
+    verify: bool = False,
 ) -> WrapperSource:
     """`host_inputs`: inputs of a CUDA graph that come on the CPU (0-d tensors, as eager allows).
     `huge_pages`: large CPU buffers are allocated in huge pages; `pool_bytes`: the most bytes of
-    them kept for reuse (runtime/memory.py)."""
+    them kept for reuse (runtime/memory.py). `verify`: `call(args, _check)` hands each step's
+    finished buffers to `_check` (Note: verifying a compiled graph, wrapper/verify.py)."""
     device = device or torch.device("cpu")
     objects: list[Any] = []
     gpu_errors: list[list[tuple[str, str]]] = []
@@ -82,6 +84,7 @@ def generate_wrapper(
     freed = graph_last_uses(graph, steps)
     dropped = input_last_uses(graph, steps)
     body += [L.Del(unread)] if (unread := unread_inputs(graph, steps)) else []
+    checked = verified_buffers(graph, steps, kernels) if verify else {}
     for i, step in enumerate(steps):
         if isinstance(step, KernelStep):
             inplace = kernels[i].inplace if i in kernels else {}
@@ -108,13 +111,15 @@ def generate_wrapper(
             # from the meta's (embedding_bag's offset2bag is empty on its bfloat16 fast path)
             unread = set(freed[i]) & {b.name for b in step.outputs}
             body += _extern_lines(step, buffers, graph, objects, unread)
+        if checked.get(i):
+            body.append(L.CheckBuffers(i, [n for n in checked[i] if n not in unread]))
         body += [L.FreeIfNotReused(buffers[name]) for name in sorted(freed[i]) if name not in unread]
         body += [L.Del(sorted(dropped[i]))] if dropped[i] else []
     if gpu_errors:
         body.append(L.CheckGpuErrors(gpu_errors))
     body.append(L.Return([_output_expr(o, buffers, graph, objects) for o in graph.outputs]))
     body, peak = plan_memory(body)
-    source = _module_source(graph, kernels, body, device, len(gpu_errors))
+    source = _module_source(graph, kernels, body, device, len(gpu_errors), verify)
     return WrapperSource(source, objects, peak, body)
 
 
@@ -141,10 +146,26 @@ def unread_inputs(graph: LoweredGraph, steps: list[Step]) -> list[str]:
     used = {name for step in steps for name in (*reads_of(step), *writes_of(step))}
     used |= {o.ref.name for o in graph.outputs if o.ref is not None}
     return [b.name for b in graph.inputs if b.name not in used]
+def verified_buffers(graph: LoweredGraph, steps: list[Step], kernels: dict[int, KernelBinary]) -> dict[int, list[str]]:
+    """Step index -> the buffers EMBER_VERIFY checks after it: each buffer that holds an FX
+    node's value (`graph.holds`), after the last step that writes it, if it is in memory."""
+    last_writer: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        if isinstance(step, KernelStep):
+            written = step.writes if i in kernels else []
+        else:
+            written = [b.name for b in step.outputs]
+        for name in written:
+            last_writer[name] = i
+    checked: dict[int, list[str]] = {}
+    for name, i in last_writer.items():
+        if name in graph.holds and graph.buffers[name].kind in ("computed", "extern"):
+            checked.setdefault(i, []).append(name)
+    return checked
 
 
 def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: list[L.Line],
-                   device: torch.device, gpu_error_slots: int) -> str:  # fmt: skip
+                   device: torch.device, gpu_error_slots: int, verify: bool = False) -> str:  # fmt: skip
     head = [HEADER]
     head.append(f"_device = torch.device({str(device)!r})")
     for k in {k.var: k for k in kernels.values()}.values():
@@ -161,10 +182,11 @@ def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: 
             head.append(f"{k.var}_errors = {list(k.errors)!r}")
     head.append("")
     names = [b.name for b in graph.inputs]
-    call = ["def call(args):"]
+    params = "args, _check" if verify else "args"
+    call = [f"def call({params}):"]
     if device.type == "cuda":  # Triton launches on the current device
-        call = ["def call(args):", "    with torch.cuda.device(_device):", "        return _call(args)", "",
-                "def _call(args):"]  # fmt: skip
+        call = [f"def call({params}):", "    with torch.cuda.device(_device):", f"        return _call({params})", "",
+                f"def _call({params}):"]  # fmt: skip
     if names:
         call.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args")
     call.append("    args.clear()")
