@@ -56,10 +56,11 @@ print("RESULT", json.dumps({"hits": m.graph_cache_hits, "code_hits": m.code_cach
 """
 
 
-def run_process(cache: Path, *names: str, graph_cache: bool = True) -> dict:
-    """Compiles and runs `names` in a new process (strict: a graph that fails raises); its metrics."""
+def run_process(cache: Path, *names: str, graph_cache: bool = True, cwd: Path | None = None) -> dict:
+    """Compiles and runs `names` in a new process (strict: a graph that fails raises); its
+    metrics. `cwd`: where the process imports ember from (the repository by default)."""
     env = {**os.environ, "EMBER_CACHE_DIR": str(cache), "EMBER_STRICT": "1", "EMBER_GRAPH_CACHE": str(int(graph_cache))}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, *names], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", SCRIPT, *names], env=env, capture_output=True, text=True, cwd=cwd)
     assert done.returncode == 0, f"the run died (return code {done.returncode}):\n{done.stderr[-3000:]}"
     assert "WRONG" not in done.stdout, done.stdout
     return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))[len("RESULT") :])
@@ -172,6 +173,19 @@ def test_key_covers_every_file_of_ember():
     on_disk = {p.relative_to(package).as_posix() for p in package.rglob("*")
                if p.is_file() and "__pycache__" not in p.parts}  # fmt: skip
     assert {path for path, _ in ember_source_files()} == on_disk
+
+
+def test_edited_or_added_data_file_of_ember_is_a_new_key(tmp_path):
+    """Headers are part of ember too: a copy of ember whose data files changed (one edited,
+    one added) never serves a graph the original compiled."""
+    package = tmp_path / "src" / "ember"
+    shutil.copytree(Path(ember.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    cache = tmp_path / "cache"
+    assert run_process(cache, "sin", cwd=package.parent)["code_misses"] == 1
+    for header in package.rglob("*.h"):
+        header.write_text(header.read_text() + "\n// edited\n")
+    (package / "renderer" / "added.h").write_text("// a header a kernel might include\n")
+    assert run_process(cache, "sin", cwd=package.parent)["hits"] == 0
 
 
 def test_changed_source_file_is_a_new_key(cache, monkeypatch):

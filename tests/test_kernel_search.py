@@ -2,7 +2,6 @@
 default; when on, results equal an unsearched run's bit for bit, every candidate compiles
 and computes the default's result, and winners are recorded on disk and loaded after."""
 
-import json
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import ember
 from ember import compile_search
 from ember.config import Config
 from ember.renderer.choices import DEFAULT_CHOICES, KernelChoices, runs_parallel
+from ember.runtime.cache import read_entry, write_entry
 from ember.runtime.search import wide_default_vectors
 
 
@@ -38,7 +38,8 @@ def assert_identical(got, want):
 
 
 def records(cache_dir: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((cache_dir / "search").rglob("*.json"))]
+    """The payloads of the winner records (each records its key: the file's name)."""
+    return [read_entry(p, p.stem) for p in sorted((cache_dir / "search").rglob("*.json"))]
 
 
 def pointwise_chain(x, y):
@@ -179,7 +180,7 @@ def test_corrupt_winner_is_ignored_and_rewritten(cache_dir):
     assert searched >= 1 and len(paths) == searched
     paths[0].write_text('{"winner": {"parallel": "sideways"')  # torn JSON
     for p in paths[1:]:
-        p.write_text(json.dumps({"winner": {"parallel": "sideways"}}))  # names no candidate
+        write_entry(p, p.stem, {"winner": {"parallel": "sideways"}})  # names no candidate
     ember.metrics.reset()
     got = run(fn, *inputs, kernel_search=True)
     assert (ember.metrics.kernel_searches, ember.metrics.search_winners_loaded) == (searched, 0)

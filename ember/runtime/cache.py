@@ -33,6 +33,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -49,6 +50,9 @@ MARKER = ".ember-cache"
 ENTRY_KINDS = ("kernels", "wrappers", "triton", "graphs", "search")  # the folders ember writes under the root
 ENTRY_FORMAT = 2  # the layout of a record written by `write_entry`
 ORPHAN_AGE_S = 600.0  # a temporary file this old belongs to no running writer
+# `.<entry name>.<random>.tmp|.so`: what write_atomic and temp_path_beside create (only those:
+# the root may be a user's folder, with temporary files of their own)
+ORPHAN_NAME = re.compile(r"\.(?:[0-9a-f]{64}[-.]|\.ember-cache\.)[\w.-]*\.(?:tmp|so)")
 
 
 class CacheDirectoryError(EmberError):
@@ -156,11 +160,13 @@ def relative_to_root(root: Path, path: Path) -> str:
 
 
 def resolve_in_root(root: str | Path, relative: str) -> Path:
-    """An entry's path from its path relative to the root (as entries store it)."""
+    """An entry's path from its path relative to the root (as entries store it), its
+    folders checked (Note: cache safety)."""
     parts = Path(relative).parts
     if Path(relative).is_absolute() or ".." in parts or len(parts) != 3 or parts[0] not in ENTRY_KINDS:
         raise CorruptEntry(f"{relative!r} is not a path inside the cache")
-    return open_root(root) / relative
+    folder = entry_folder(open_root(root), parts[0], parts[1])  # code is loaded from it: checked
+    return folder / parts[2]
 
 
 # ---- writing --------------------------------------------------------------------------------
@@ -216,7 +222,7 @@ def remove_orphans(folder: Path, now: float | None = None) -> None:
     """Removes temporary files older than ORPHAN_AGE_S: a writer killed before its rename."""
     now = time.time() if now is None else now
     try:
-        entries = [e for e in os.scandir(folder) if e.name.startswith(".") and e.name.endswith((".tmp", ".so"))]
+        entries = [e for e in os.scandir(folder) if ORPHAN_NAME.fullmatch(e.name)]
     except OSError:
         return
     for entry in entries:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ember.errors import EmberError
+from ember.runtime import cache_identity
 from ember.runtime.cache import (
     CacheDirectoryError,
     CorruptEntry,
@@ -35,7 +36,6 @@ from ember.runtime.cache import (
     write_atomic,
     write_entry,
 )
-from ember.runtime import cache_identity
 
 # -fno-trapping-math: kernels never read the floating-point exception flags, and without it
 # gcc will not if-convert a select whose arm widens a float (`c ? 0.0f : x` summed in double
