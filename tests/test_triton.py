@@ -308,7 +308,7 @@ test_lowp_mlp_training_step = test_lowp.test_mlp_training_step_matches_eager
 test_lowp_signbit = test_lowp.test_signbit_of_a_vectorized_16_bit_loop
 
 
-# ---- special functions (Note: special functions in Triton, renderer/triton_math.py) -----------
+# ---- special functions (Note: special functions, lower/math_functions.py) ---------------------
 
 test_special_unary = _subset(test_ops_more.test_unary_special, dtype=lambda d: d == torch.float32)
 test_special_unary_values = test_ops_more.test_unary_special_values

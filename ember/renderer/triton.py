@@ -207,7 +207,7 @@ def _unary(u: UOp, x: str) -> str:
 
 
 def render_alu(u: UOp, srcs: list[str]) -> str:
-    if (special := render_math(u, srcs)) is not None:  # Note: special functions in Triton
+    if (special := render_math(u, srcs)) is not None:  # libdevice functions (renderer/triton_math.py)
         return special
     if u.op is Ops.WHERE:
         return f"tl.where({srcs[0]}, {srcs[1]}, {srcs[2]})"
