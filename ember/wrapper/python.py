@@ -146,6 +146,8 @@ def unread_inputs(graph: LoweredGraph, steps: list[Step]) -> list[str]:
     used = {name for step in steps for name in (*reads_of(step), *writes_of(step))}
     used |= {o.ref.name for o in graph.outputs if o.ref is not None}
     return [b.name for b in graph.inputs if b.name not in used]
+
+
 def verified_buffers(graph: LoweredGraph, steps: list[Step], kernels: dict[int, KernelBinary]) -> dict[int, list[str]]:
     """Step index -> the buffers EMBER_VERIFY checks after it: each buffer that holds an FX
     node's value (`graph.holds`), after the last step that writes it, if it is in memory."""
