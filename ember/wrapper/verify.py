@@ -130,7 +130,7 @@ class VerifiedGraph:
                 got = view(tensor, layout)
                 detail, same_detail = exact.check(node, got), same.check(node, got)
                 detail = detail if same_detail else ""
-                metrics.verify_checks += 1
+                metrics.add(verify_checks=1)
                 if detail:
                     fused = fused_nodes(node, step, self.step_of)
                     found.append(Mismatch(self.steps[step], name, node, fused, detail))
@@ -138,7 +138,7 @@ class VerifiedGraph:
 
         result = self.call(args, check)
         if found:
-            metrics.verify_mismatches += 1
+            metrics.add(verify_mismatches=1)
             if self.strict:
                 raise VerificationError(found[0].message())
             warnings.warn(f"ember verify: {found[0].message()}", stacklevel=2)
