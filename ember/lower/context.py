@@ -11,12 +11,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ember.ir import Buffer, BufferRef, ComputedBuffer, ExternCall, Layout, LoweredGraph, contiguous_strides
 from ember.lower.values import TensorValue, as_strided_read, load, reads_transposed
 from ember.uop.dtypes import from_torch
-from ember.uop.ops import UOp
-
-# Reduce loops nest inside every output loop; numbering them past any output axis keeps
-# loop order well defined before codegen renumbers them.
-REDUCE_AXIS_BASE = 1 << 20
-
+from ember.uop.ops import RangeKind, UOp
 
 # aten matmuls that read any strided operand, a transposed one as fast as a plain one (BLAS)
 MATMUL_OPS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm}
@@ -53,7 +48,7 @@ class LoweringContext:
     def reduce_range(self, size: int) -> UOp:
         """A fresh reduction loop variable; reductions never share one (codegen relies on it)."""
         self._counter += 1
-        return UOp.range(size, REDUCE_AXIS_BASE + self._counter, reduce=True)
+        return UOp.range(size, self._counter, RangeKind.REDUCE)
 
     def add_buffer(self, buffer: Buffer) -> Buffer:
         self.buffers[buffer.name] = buffer

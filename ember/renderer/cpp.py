@@ -446,7 +446,7 @@ def _render_body(program: list[UOp], parallel_threshold: int, errors: list[Check
         if u.op is Ops.CONST:
             return render_const(u.arg, u.dtype)
         if u.op is Ops.RANGE:
-            return f"r{u.arg.axis}"
+            return u.arg.name
         return names[u]
 
     for i, u in enumerate(program):
