@@ -126,7 +126,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
     with contextlib.ExitStack() as pool_scope:
         if backend == "triton":
             with stage("codegen", timings):
-                rendered: dict = {i: codegen_triton_kernel(s) for i, s in enumerate(steps) if _has_work(s)}
+                rendered: dict = {i: codegen_triton_kernel(s, config.check_ir) for i, s in enumerate(steps) if _has_work(s)}
             with stage("runtime", timings):
                 binaries = compile_triton_kernels(rendered, config, interpret=device.type == "cpu")
         else:
@@ -223,7 +223,7 @@ def codegen_kernel(
     `timings` gets the rendering's share under "render" (it is part of "codegen")."""
     try:
         ast = build_kernel_ast(step.group, step.stored, dying)
-        sink = full_rewrite(ast.sink)
+        sink = full_rewrite(ast.sink, check=config.check_ir)
         program = linearize(sink)
         name = f"kernel_{sink.key[:16]}"
         start = time.perf_counter()

@@ -14,11 +14,12 @@ import torch
 
 import ember
 from ember.codegen.kernel import build_kernel_ast
+from ember.codegen.phases import block_rewrite
 from ember.config import Config
 from ember.errors import EmberError
 from ember.lower.random import SEED_BUFFER
 from ember.metrics import metrics
-from ember.renderer.triton import TritonKernel, render_triton, rewrite_for_blocks
+from ember.renderer.triton import TritonKernel, render_triton
 from ember.runtime.triton import write_module
 from ember.schedule import KernelStep
 from ember.wrapper.python import KernelBinary
@@ -46,11 +47,11 @@ def graph_backend(device: torch.device, config: Config) -> str:
     raise EmberError("lower", f"ember compiles for CPU and CUDA, not for device {device}")
 
 
-def codegen_triton_kernel(step: KernelStep) -> tuple[TritonKernel, tuple[str, ...]]:
+def codegen_triton_kernel(step: KernelStep, check_ir: bool = False) -> tuple[TritonKernel, tuple[str, ...]]:
     """One kernel: AST, block rewrite phases, render. Names the op when it fails."""
     try:
         ast = build_kernel_ast(step.group, step.stored)
-        sink = rewrite_for_blocks(ast.sink)
+        sink = block_rewrite(ast.sink, check_ir)
         name = f"triton_{sink.key[:16]}"
         scalars = frozenset(f"p{i}" for i, buffer in enumerate(ast.params) if buffer == SEED_BUFFER)
         return render_triton(name, sink, ast.outputs, scalars), ast.params

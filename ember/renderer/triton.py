@@ -1,8 +1,8 @@
 """Stage `renderer` (GPU): a kernel AST -> Triton source (one module, one or two variants).
 
-The Triton renderer takes the AST after the symbolic phases but before `pm_lower_reduce`
-(which lowers REDUCE to scalar accumulators in CPU loops): Triton computes on blocks, so a
-REDUCE stays a reduction over a block axis.
+The Triton renderer takes the AST after `codegen/phases.block_rewrite`: the shared phases but
+not reduce lowering (which lowers REDUCE to scalar accumulators in CPU loops): Triton computes
+on blocks, so a REDUCE stays a reduction over a block axis.
 
 Note: blocks for a kernel AST
     The loop ranges a REDUCE varies with are the *outer* ranges; flattened, they index the
@@ -46,14 +46,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ember.codegen.low_precision import pm_low_precision
-from ember.codegen.phases import check_integer_division, order_loops, pm_checks, pm_unique_reduce_ranges
 from ember.renderer.triton_math import HELPERS, render_math, uses_helpers
 from ember.renderer.triton_scatter import ScatterStore, scatter_store_lines
 from ember.uop.dtypes import DType, bits_of, dtypes
 from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp, reduce_identity
-from ember.uop.pattern import graph_rewrite
-from ember.uop.symbolic import pm_symbolic
 
 PERSISTENT_LIMIT = 16384  # the largest row a persistent variant keeps in one block
 
@@ -69,16 +65,6 @@ def tl_type(dtype: DType) -> str:
     if dtype.name not in TL_TYPES:
         raise NotImplementedError(f"Triton renderer: no Triton type for {dtype.name}")
     return TL_TYPES[dtype.name]
-
-
-def rewrite_for_blocks(sink: UOp) -> UOp:
-    """The phases of codegen/phases.py that a block renderer wants: all but reduce lowering."""
-    sink = graph_rewrite(sink, pm_low_precision)  # Note: low-precision floats in Triton
-    sink = graph_rewrite(sink, pm_symbolic)
-    sink = graph_rewrite(sink, pm_unique_reduce_ranges, ctx={})
-    sink = order_loops(sink)
-    sink = check_integer_division(sink)
-    return graph_rewrite(sink, pm_symbolic + pm_checks)
 
 
 # ---- the op table ------------------------------------------------------------------------
@@ -258,7 +244,7 @@ class KernelShape:
 
 
 def kernel_shape(sink: UOp) -> KernelShape:
-    loops = sorted((u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce), key=lambda r: r.arg.axis)
+    loops = sorted((u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce), key=lambda r: r.arg.nesting)
     reduces = tuple(u for u in sink.toposort if u.op is Ops.REDUCE)
     if not reduces:
         return KernelShape(tuple(loops), (), (), _numel(loops), 0)
@@ -472,7 +458,7 @@ class _Renderer:
             return _decompose("xindex", self.shape.outer, r)
         owner = next((p for p in phase.chain() if r in p.ranges), None) if phase is not None else None
         if owner is None:
-            raise RuntimeError(f"Triton renderer: range r{r.arg.axis} used outside its phase")
+            raise RuntimeError(f"Triton renderer: range {r.arg.name} used outside its phase")
         return _decompose(owner.index, owner.ranges, r)
 
     def mask(self, index: UOp, phase: Phase | None) -> str | None:
@@ -681,7 +667,7 @@ def ember_ipow(a, b):
 
 def render_triton(name: str, sink: UOp, written: frozenset[str], scalars: frozenset[str] = frozenset()
                   ) -> TritonKernel:  # fmt: skip
-    """`sink` is the kernel AST after `rewrite_for_blocks`. `scalars`: one-element int64 buffers
+    """`sink` is the kernel AST after `codegen/phases.block_rewrite`. `scalars`: one-element int64 buffers
     (the random seed) the kernel takes by value rather than as a pointer: no device buffer to
     fill per call. Typed int64 and never specialized, so every value runs one compiled kernel."""
     renderer: type[_Renderer] = _Renderer
