@@ -126,7 +126,8 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
     with contextlib.ExitStack() as pool_scope:
         if backend == "triton":
             with stage("codegen", timings):
-                rendered: dict = {i: codegen_triton_kernel(s, config.check_ir) for i, s in enumerate(steps) if _has_work(s)}
+                rendered: dict = {i: codegen_triton_kernel(s, config.check_ir)
+                                  for i, s in enumerate(steps) if _has_work(s)}  # fmt: skip
             with stage("runtime", timings):
                 binaries = compile_triton_kernels(rendered, config, interpret=device.type == "cpu")
         else:

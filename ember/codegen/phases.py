@@ -25,8 +25,17 @@ from ember.codegen.shared_loops import merge_identical_reductions, share_reduce_
 from ember.codegen.tiling import tile_loops
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import (
-    AccArg, CheckArg, Ops, RangeArg, RangeKind, ScatterArg, UOp, normalize_const, reduce_identity, substitute,
-)  # fmt: skip
+    AccArg,
+    CheckArg,
+    Ops,
+    RangeArg,
+    RangeKind,
+    ScatterArg,
+    UOp,
+    normalize_const,
+    reduce_identity,
+    substitute,
+)
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from ember.uop.spec import Stage, verify
 from ember.uop.symbolic import linear_terms, pm_symbolic
@@ -148,6 +157,7 @@ def give_fresh_ranges(ctx: dict[UOp, UOp], red: UOp) -> UOp | None:
     fresh = {r: UOp(Ops.RANGE, r.dtype, r.src, replace(r.arg, copy=len(ctx) + 1)) for r in ranges}
     return UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], fresh), *fresh.values()), red.arg)
 
+
 pm_unique_reduce_ranges = PatternMatcher(
     [
         (UPat(Ops.REDUCE, name="red"), give_fresh_ranges),  # REDUCE over claimed ranges -> REDUCE over copies
@@ -172,7 +182,8 @@ def order_loops(sink: UOp) -> UOp:
     order = sorted(loops, key=lambda r: (-stride[r], r.arg.nesting))
     if order == sorted(loops, key=lambda r: r.arg.nesting):
         return sink
-    return substitute(sink, {r: UOp(Ops.RANGE, r.dtype, r.src, RangeArg(RangeKind.LOOP, i)) for i, r in enumerate(order)})
+    renumbered = {r: UOp(Ops.RANGE, r.dtype, r.src, RangeArg(RangeKind.LOOP, i)) for i, r in enumerate(order)}
+    return substitute(sink, renumbered)
 
 
 def _coefficients(index: UOp) -> dict[UOp, int]:

@@ -96,4 +96,3 @@ def resolve_bodies(group: list[ComputedBuffer]) -> dict[str, UOp] | str:
             mapping[u] = substitute(resolved[name], {axis(i): e for i, e in enumerate(exprs)})
         resolved[computed.name] = substitute(computed.body, mapping) if mapping else computed.body
     return resolved
-

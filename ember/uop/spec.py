@@ -20,9 +20,19 @@ from collections.abc import Callable
 
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import (
-    ALU_OPS, BINARY_OPS, COMPARISON_OPS, UNARY_OPS, AccArg, BufferArg, CheckArg, Ops, RangeArg, RangeKind,
-    ScatterArg, UOp,
-)  # fmt: skip
+    ALU_OPS,
+    BINARY_OPS,
+    COMPARISON_OPS,
+    UNARY_OPS,
+    AccArg,
+    BufferArg,
+    CheckArg,
+    Ops,
+    RangeArg,
+    RangeKind,
+    ScatterArg,
+    UOp,
+)
 
 
 class Stage(enum.Enum):
