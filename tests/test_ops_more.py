@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from ember.lower.math_functions import BINARY_SPECIAL, CPP_ONLY, UNARY_SPECIAL
+from ember.lower.math_functions import BINARY_SPECIAL, UNARY_SPECIAL
+from ember.renderer.triton_math import UNRENDERABLE
 from tests.helpers import check, compile_fn, test_device, to_test_device
 
 f32, f64, i64 = torch.float32, torch.float64, torch.int64
@@ -54,7 +55,7 @@ def triton_path() -> bool:
 
 # the aten ops a Triton graph hands to aten (Note: special functions in Triton, lower/math_functions.py)
 TRITON_FALLBACKS = {f"aten.{packet.__name__}.{overload}" for packet, op in {**UNARY_SPECIAL, **BINARY_SPECIAL}.items()
-                    if op in CPP_ONLY for overload in packet.overloads()} | {
+                    if op in UNRENDERABLE for overload in packet.overloads()} | {
     "aten.igamma.default", "aten.igammac.default", "aten.polygamma.default", "aten.frexp.Tensor"}  # fmt: skip
 
 
@@ -84,7 +85,7 @@ def test_every_special_function_renders_in_triton_or_goes_to_aten_alone():
     x = UOp.const(dtypes.float32, 0.5)
     for op in set(UNARY_SPECIAL.values()) | set(BINARY_SPECIAL.values()):
         u = UOp(op, dtypes.float32, (x,) if op in UNARY_SPECIAL.values() else (x, x))
-        assert (render_math(u, ["a", "b"][: len(u.src)]) is None) == (op in CPP_ONLY), op
+        assert (render_math(u, ["a", "b"][: len(u.src)]) is None) == (op in UNRENDERABLE), op
 
 
 UNARY = {  # name: (function, domain)

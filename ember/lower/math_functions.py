@@ -50,33 +50,12 @@ BINARY_SPECIAL = {  # binary functions of floats (integers promote to float); po
     aten.special_laguerre_polynomial_l: Ops.LAGUERRE_L, aten.special_legendre_polynomial_p: Ops.LEGENDRE_P,
 }  # fmt: skip
 
-# Note: special functions in Triton (renderer/triton_math.py). These have no Triton rendering
-# yet: in a graph for the Triton renderer each call of one goes to aten alone (a fallback
-# extern), rather than the whole graph running eagerly.
-# libdevice's Bessel functions (j0/j1/y0/y1, cyl_bessel_i0/i1) miss ATen's values on an H100:
-# NaN where eager is finite at special values, and float64 errors of ~3e-7 relative.
-CPP_ONLY = frozenset({
-    Ops.BESSEL_J0, Ops.BESSEL_J1, Ops.BESSEL_Y0, Ops.BESSEL_Y1, Ops.I0, Ops.I1, Ops.MODIFIED_BESSEL_I0,
-    Ops.MODIFIED_BESSEL_I1,
-    Ops.I0E, Ops.I1E, Ops.AIRY_AI, Ops.MODIFIED_BESSEL_K0, Ops.MODIFIED_BESSEL_K1, Ops.SCALED_MODIFIED_BESSEL_K0,
-    Ops.SCALED_MODIFIED_BESSEL_K1, Ops.SPHERICAL_BESSEL_J0, Ops.ZETA, Ops.POLYGAMMA, Ops.IGAMMA, Ops.IGAMMAC,
-    Ops.FREXP_MANTISSA, Ops.FREXP_EXPONENT, Ops.CHEBYSHEV_T, Ops.CHEBYSHEV_U, Ops.CHEBYSHEV_V, Ops.CHEBYSHEV_W,
-    Ops.SHIFTED_CHEBYSHEV_T, Ops.SHIFTED_CHEBYSHEV_U, Ops.SHIFTED_CHEBYSHEV_V, Ops.SHIFTED_CHEBYSHEV_W,
-    Ops.HERMITE_H, Ops.HERMITE_HE, Ops.LAGUERRE_L, Ops.LEGENDRE_P,
-})  # fmt: skip
-
-
-def require_renderer(ctx: LoweringContext, op: Ops) -> None:
-    if ctx.backend == "triton" and op in CPP_ONLY:
-        raise Unsupported(f"{op.name.lower()} has no Triton rendering yet")
-
 
 def _register_special(packet, op: Ops, fn: Callable[..., UOp], arity: int, kind=Promotion.INT_TO_FLOAT) -> None:
-    """`_register_elementwise`, and aten for `op` where the graph's renderer lacks it."""
+    """`_register_elementwise` (a backend that cannot render `op` gets aten: lower/graph.py)."""
 
     @register(packet)
     def lowering(ctx: LoweringContext, node: torch.fx.Node, *args, **kwargs) -> TensorValue:
-        require_renderer(ctx, op)
         if kwargs:
             raise Unsupported(f"keyword arguments {sorted(kwargs)}")
         return elementwise(node, fn, args[:arity], kind)
@@ -133,8 +112,6 @@ def lower_polygamma(ctx: LoweringContext, node: torch.fx.Node, n: int, x) -> Ten
     meta = out_meta(node)
     shape, result = tuple(meta.shape), from_torch(meta.dtype)
     value = broadcast_to(x, shape).body.cast(result)
-    if n > 1:
-        require_renderer(ctx, Ops.POLYGAMMA)
     if n <= 1:
         return TensorValue(shape, result, value.alu(Ops.DIGAMMA if n == 0 else Ops.TRIGAMMA))
     return TensorValue(shape, result, value.alu(Ops.POLYGAMMA, value.const_like(n)))
@@ -144,7 +121,6 @@ def lower_polygamma(ctx: LoweringContext, node: torch.fx.Node, n: int, x) -> Ten
 def lower_frexp(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue) -> tuple[TensorValue, TensorValue]:
     if not x.dtype.is_float:
         raise Unsupported("frexp of integers raises in eager")
-    require_renderer(ctx, Ops.FREXP_MANTISSA)
     mantissa = x.body.alu(Ops.FREXP_MANTISSA)
     exponent = UOp(Ops.FREXP_EXPONENT, dtypes.int32, (x.body,))
     return TensorValue(x.shape, x.dtype, mantissa), TensorValue(x.shape, dtypes.int32, exponent)
