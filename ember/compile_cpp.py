@@ -22,7 +22,8 @@ from ember.debug.log import DebugDump
 from ember.errors import EmberError, stage
 from ember.ir import LoweredGraph
 from ember.metrics import metrics
-from ember.renderer.cpp import RenderedKernel, render
+from ember.renderer.common import RenderedKernel
+from ember.renderer.cpp import render
 from ember.runtime.cpu import CompiledKernel, compile_cpp, simd_math_functions
 from ember.schedule import KernelStep, graph_last_uses
 from ember.wrapper.python import KernelBinary

@@ -22,8 +22,9 @@ from ember.ir import LoweredGraph
 from ember.lower.random import SEED_BUFFER
 from ember.lower.split_reductions import SplitPolicy, split_reductions
 from ember.metrics import metrics
-from ember.renderer.triton import TritonKernel, render_triton
+from ember.renderer.common import RenderedKernel
 from ember.renderer.triton_math import UNRENDERABLE
+from ember.renderer.triton_module import render_triton
 from ember.runtime.triton import write_module
 from ember.schedule import KernelStep
 from ember.wrapper.python import KernelBinary
@@ -56,7 +57,7 @@ class TritonBackend:
         return GeneratedKernels(binaries, len(rendered))
 
 
-def codegen_triton_kernel(step: KernelStep, check_ir: bool = False) -> tuple[TritonKernel, tuple[str, ...]]:
+def codegen_triton_kernel(step: KernelStep, check_ir: bool = False) -> tuple[RenderedKernel, tuple[str, ...]]:
     """One kernel: AST, block rewrite phases, render. Names the op when it fails."""
     try:
         ast = build_kernel_ast(step.group, step.stored)
@@ -69,7 +70,7 @@ def codegen_triton_kernel(step: KernelStep, check_ir: bool = False) -> tuple[Tri
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e
 
 
-def compile_triton_kernels(rendered: dict[int, tuple[TritonKernel, tuple[str, ...]]], config: Config,
+def compile_triton_kernels(rendered: dict[int, tuple[RenderedKernel, tuple[str, ...]]], config: Config,
                            interpret: bool) -> dict[int, KernelBinary]:  # fmt: skip
     """Writes each module into the cache; Triton compiles on first launch (runtime/triton.py)."""
     binaries = {}
@@ -79,9 +80,6 @@ def compile_triton_kernels(rendered: dict[int, tuple[TritonKernel, tuple[str, ..
         metrics.code_cache_misses += not cached
         errors = tuple((e.error, e.message) for e in kernel.errors)
         written = [j for j, (_, _, w) in enumerate(kernel.params) if w]
-        launch = {"variants": kernel.variants, "xnumel": kernel.xnumel, "rnumel": kernel.rnumel,
-                  "written": written, "interpret": interpret, "autotune": config.autotune}  # fmt: skip
-        if kernel.xextent > kernel.xnumel:  # Note: nested reductions (renderer/triton.py)
-            launch["xextent"] = kernel.xextent
+        launch = {**kernel.launch, "written": written, "interpret": interpret, "autotune": config.autotune}
         binaries[i] = KernelBinary(kernel.name, str(path), kernel.name, params, errors, triton=launch)
     return binaries
