@@ -98,3 +98,28 @@ def test_a_bad_rewrite_is_named_by_its_step():
     broken = _sink(UOp(Ops.STORE, dtypes.void, (store.src[0], store.src[1].cast(dtypes.int32))))
     with pytest.raises(IRError, match=r"ast stage, after build_kernel_ast\): STORE stores int32 into float32"):
         full_rewrite(broken, check=True)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_the_suite_checks_every_kernel_it_compiles(backend, monkeypatch, tmp_path):
+    """conftest turns EMBER_CHECK_IR on: each kernel is verified before its first codegen step and
+    after every one, on both backends."""
+    import torch
+
+    import ember
+    from ember.codegen import phases
+
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))  # no graph cache hit: codegen runs
+    monkeypatch.setenv("EMBER_BACKEND", backend)
+    stages = []
+    real_verify = phases.verify
+    monkeypatch.setattr(
+        phases, "verify", lambda sink, stage, after="": stages.append(after) or real_verify(sink, stage, after)
+    )
+    x = torch.randn(8, 32)
+    got = torch.compile(lambda x: torch.softmax(x, -1) + x.cumsum(0), backend="ember")(x)
+    torch.testing.assert_close(got, torch.softmax(x, -1) + x.cumsum(0))
+    kernels = ember.metrics.kernels_generated
+    assert kernels >= 1 and stages.count("build_kernel_ast") == kernels
+    assert {"low_precision", "order_loops", "number_ranges"} <= set(stages)
+    assert ("lower_reduce" in stages) == (backend == "cpp")
