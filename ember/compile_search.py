@@ -22,7 +22,8 @@ from ember.config import Config
 from ember.debug.log import DebugDump
 from ember.metrics import metrics
 from ember.renderer.choices import KernelChoices, search_space
-from ember.renderer.cpp import MATH_CALLS, UNARY_CALLS, RenderedKernel
+from ember.renderer.common import RenderedKernel
+from ember.renderer.cpp import MATH_CALLS, UNARY_CALLS
 from ember.renderer.vector_math import vector_math_call
 from ember.runtime.cache import open_root, relative_to_root
 from ember.runtime.cpu import compile_cpp, simd_math_functions

@@ -1,56 +1,67 @@
-"""The GPU path of compile_graph: codegen, render and load each kernel as Triton.
+"""The Triton backend (Note: backends, backend.py): each kernel through the shared codegen steps
+(codegen/phases.block_rewrite: REDUCE and SCAN stay, for block reductions), renderer/triton.py,
+and a module in the cache that Triton compiles at its first launch.
 
-compile_graph picks the backend per graph from its inputs' device (`graph_backend`):
-CUDA inputs go to Triton; CPU inputs to C++, unless `config.backend == "triton"`, which
-runs the Triton renderer on CPU tensors under Triton's interpreter (how CI tests it).
+compile_graph picks the backend per graph from its inputs' device (`backend_for`): CUDA inputs
+go to Triton; CPU inputs to C++, unless `config.backend == "triton"`, which runs Triton
+kernels on CPU tensors under Triton's interpreter (how CI tests it).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import torch
 
 import ember
+from ember.backend import Capabilities, GeneratedKernels, has_work
 from ember.codegen.kernel import build_kernel_ast
+from ember.codegen.phases import block_rewrite
 from ember.config import Config
-from ember.errors import EmberError
+from ember.debug.log import DebugDump
+from ember.errors import EmberError, stage
+from ember.ir import LoweredGraph
 from ember.lower.random import SEED_BUFFER
+from ember.lower.split_reductions import SplitPolicy, split_reductions
 from ember.metrics import metrics
-from ember.renderer.triton import TritonKernel, render_triton, rewrite_for_blocks
+from ember.renderer.common import RenderedKernel
+from ember.renderer.triton_math import UNRENDERABLE
+from ember.renderer.triton_module import render_triton
 from ember.runtime.triton import write_module
 from ember.schedule import KernelStep
 from ember.wrapper.python import KernelBinary
 
 
-def graph_device(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> torch.device:
-    """The device a graph computes on: its first CUDA input's (a CPU 0-d tensor may come along,
-    as eager allows), else its first tensor input's, else any node's, else the CPU."""
-    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
-    for x in sorted(tensors, key=lambda t: t.device.type != "cuda"):
-        return x.device
-    for node in gm.graph.nodes:
-        value = node.meta.get("val")
-        if isinstance(value, torch.Tensor):
-            return value.device
-    return torch.device("cpu")
+class TritonBackend:
+    """Triton kernels over blocks, on the GPU or (CPU tensors) under Triton's interpreter."""
+
+    name = "triton"
+    source_suffix = "py"
+    # block reductions combine in a tree, not in eager's CPU order
+    capabilities = Capabilities(unrenderable=UNRENDERABLE, ordered_reductions=False)
+
+    def __init__(self, interpret: bool):
+        self.interpret = interpret
+
+    def prepare(self, graph: LoweredGraph, lowering, config: Config) -> None:
+        """Reductions with too few outputs to fill the GPU split over many programs (Note: split
+        reductions)."""
+        split_reductions(graph, lowering, SplitPolicy(config.split_reductions))
+
+    def generate(self, graph: LoweredGraph, steps: list, config: Config, debug: DebugDump,
+                 timings: dict[str, float]) -> GeneratedKernels:  # fmt: skip
+        with stage("codegen", timings):
+            rendered = {i: codegen_triton_kernel(s, config.check_ir) for i, s in enumerate(steps) if has_work(s)}
+        with stage("runtime", timings):
+            binaries = compile_triton_kernels(rendered, config, self.interpret)
+        for kernel, _ in rendered.values():
+            debug.write(f"kernels/{kernel.name}.{self.source_suffix}", kernel.source)
+        return GeneratedKernels(binaries, len(rendered))
 
 
-def graph_backend(device: torch.device, config: Config) -> str:
-    """ "triton" or "cpp" (Note: the module docstring)."""
-    if device.type == "cuda":
-        return "triton"
-    if device.type == "cpu":
-        return "triton" if config.backend == "triton" else "cpp"
-    raise EmberError("lower", f"ember compiles for CPU and CUDA, not for device {device}")
-
-
-def codegen_triton_kernel(step: KernelStep) -> tuple[TritonKernel, tuple[str, ...]]:
+def codegen_triton_kernel(step: KernelStep, check_ir: bool = False) -> tuple[RenderedKernel, tuple[str, ...]]:
     """One kernel: AST, block rewrite phases, render. Names the op when it fails."""
     try:
         ast = build_kernel_ast(step.group, step.stored, None, step.alignment, step.bodies)
-        sink = rewrite_for_blocks(ast.sink)
+        sink = block_rewrite(ast.sink, check_ir)
         name = f"triton_{sink.key[:16]}"
         scalars = frozenset(f"p{i}" for i, buffer in enumerate(ast.params) if buffer == SEED_BUFFER)
         return render_triton(name, sink, ast.outputs, scalars), ast.params
@@ -59,7 +70,7 @@ def codegen_triton_kernel(step: KernelStep) -> tuple[TritonKernel, tuple[str, ..
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e
 
 
-def compile_triton_kernels(rendered: dict[int, tuple[TritonKernel, tuple[str, ...]]], config: Config,
+def compile_triton_kernels(rendered: dict[int, tuple[RenderedKernel, tuple[str, ...]]], config: Config,
                            interpret: bool) -> dict[int, KernelBinary]:  # fmt: skip
     """Writes each module into the cache; Triton compiles on first launch (runtime/triton.py)."""
     binaries = {}
@@ -68,9 +79,6 @@ def compile_triton_kernels(rendered: dict[int, tuple[TritonKernel, tuple[str, ..
         metrics.add(code_cache_hits=cached, code_cache_misses=not cached)
         errors = tuple((e.error, e.message) for e in kernel.errors)
         written = [j for j, (_, _, w) in enumerate(kernel.params) if w]
-        launch = {"variants": kernel.variants, "xnumel": kernel.xnumel, "rnumel": kernel.rnumel,
-                  "written": written, "interpret": interpret, "autotune": config.autotune}  # fmt: skip
-        if kernel.xextent > kernel.xnumel:  # Note: nested reductions (renderer/triton.py)
-            launch["xextent"] = kernel.xextent
+        launch = {**kernel.launch, "written": written, "interpret": interpret, "autotune": config.autotune}
         binaries[i] = KernelBinary(kernel.name, path, kernel.name, params, errors, triton=launch, sha256=sha256)
     return binaries

@@ -22,6 +22,9 @@ class Config:
     strict: bool = _flag(False, "EMBER_STRICT", False, "raise instead of falling back to eager when a graph fails")
     debug: bool = _flag(False, "EMBER_DEBUG", False, "dump every stage of every graph into debug_dir")
     debug_dir: str = _flag("ember_debug", "EMBER_DEBUG_DIR", False, "where EMBER_DEBUG dumps go")
+    check_ir: bool = _flag(False, "EMBER_CHECK_IR", False,
+                           "verify each kernel against the IR spec (uop/spec.py) after every codegen step; "
+                           "on under EMBER_DEBUG and in the test suite")  # fmt: skip
     cache_dir: str = _flag(str(Path.home() / ".cache" / "ember"), "EMBER_CACHE_DIR", False, "on-disk cache")
     cxx: str = _flag("g++", "EMBER_CXX", True, "the C++ compiler for CPU kernels")
     parallel_threshold: int = _flag(32768, "EMBER_PARALLEL_THRESHOLD", True,
@@ -90,6 +93,8 @@ def load(**options) -> Config:
         known = ", ".join(f.name for f in dataclasses.fields(Config))
         raise TypeError(f"unknown ember option(s) {sorted(unknown)}; known options: {known}")
     values.update(options)
+    if values.get("debug"):
+        values.setdefault("check_ir", True)
     for hooks in ("pre_passes", "post_passes"):
         if hooks in values:
             values[hooks] = _pass_hooks(hooks, values[hooks])

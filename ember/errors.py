@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
+
 
 class EmberError(Exception):
     """An internal failure at a named stage, for a named op when one is known."""
@@ -14,3 +18,20 @@ class EmberError(Exception):
 
 class UserInputError(ValueError):
     """The user gave ember something it cannot accept; the message says what to change."""
+
+
+@contextlib.contextmanager
+def stage(name: str, timings: dict[str, float]) -> Iterator[None]:
+    """Times a stage and names it in any internal error that escapes it; a `timings` that
+    carries a compile's progress display (debug/progress.py StageTimes) shows the stage."""
+    start = time.perf_counter()
+    if (progress := getattr(timings, "progress", None)) is not None:
+        progress.stage_started(name)
+    try:
+        yield
+    except EmberError:
+        raise
+    except Exception as e:
+        raise EmberError(name, f"{type(e).__name__}: {e}") from e
+    finally:
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - start

@@ -10,6 +10,8 @@ if not torch.cuda.is_available():
 
 # Tests run strict: a graph that fails to compile is an error, never a silent eager run.
 os.environ.setdefault("EMBER_STRICT", "1")
+# Every kernel the suite compiles is checked against the IR spec after each codegen step.
+os.environ.setdefault("EMBER_CHECK_IR", "1")
 
 
 @pytest.fixture(autouse=True)

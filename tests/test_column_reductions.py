@@ -11,7 +11,7 @@ import ember
 from ember.codegen.lanes import MAX_LANES
 from ember.codegen.phases import full_rewrite
 from ember.uop.dtypes import dtypes
-from ember.uop.ops import BufferArg, Ops, UOp
+from ember.uop.ops import BufferArg, Ops, RangeKind, UOp
 from tests.helpers import check, test_device
 
 
@@ -105,7 +105,7 @@ def _sum_kernel(
     """out[c] = sum_r x[r * row_stride + c * col_stride] (* w[c] if scaled), lowered: its DEFINE_ACCs."""
     x = UOp(Ops.BUFFER, dtypes.float32, (), BufferArg("p1", rows * cols))
     out = UOp(Ops.BUFFER, dtypes.float32, (), BufferArg("p0", cols))
-    c, r = UOp.range(cols, 0), UOp.range(rows, 1, reduce=True)
+    c, r = UOp.range(cols, 0), UOp.range(rows, 1, RangeKind.REDUCE)
     index = r * UOp.const(dtypes.index, row_stride) + c * UOp.const(dtypes.index, col_stride)
     load = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, dtypes.float32, (x, index)),))
     for i in range(3 if scaled else 0):  # per-column parameters, contiguous in c but not streamed

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ember
-from ember import compile_graph
+from ember import compile_cpp
 from ember.debug import progress as progress_module
 from ember.debug.progress import CompileProgress
 from tests.helpers import check
@@ -70,18 +70,18 @@ def test_kernels_compile_while_others_are_generated(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")  # gcc's pipeline: the C++ backend on any machine
     started, waits = threading.Semaphore(0), []
-    real_submit, real_compile = compile_graph.KernelBuilder.submit, compile_graph.compile_cpp
+    real_submit, real_compile = compile_cpp.KernelBuilder.submit, compile_cpp.compile_cpp
 
     def submit(self, kernel):
         real_submit(self, kernel)
         waits.append(started.acquire(timeout=60))
 
-    def compile_cpp(*args, **kwargs):
+    def compile_cpp_spy(*args, **kwargs):
         started.release()
         return real_compile(*args, **kwargs)
 
-    monkeypatch.setattr(compile_graph.KernelBuilder, "submit", submit)
-    monkeypatch.setattr(compile_graph, "compile_cpp", compile_cpp)
+    monkeypatch.setattr(compile_cpp.KernelBuilder, "submit", submit)
+    monkeypatch.setattr(compile_cpp, "compile_cpp", compile_cpp_spy)
     x, y = torch.randn(64, 64), torch.randn(64, 64)
     check(two_kernel_program, x, y)
     assert ember.metrics.kernels_generated == 2 and ember.metrics.code_cache_misses == 2
@@ -91,8 +91,8 @@ def test_kernels_compile_while_others_are_generated(tmp_path, monkeypatch):
 def test_identical_kernels_compile_once(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     calls = []
-    real_compile = compile_graph.compile_cpp
-    monkeypatch.setattr(compile_graph, "compile_cpp", lambda *a, **k: calls.append(a[1]) or real_compile(*a, **k))
+    real_compile = compile_cpp.compile_cpp
+    monkeypatch.setattr(compile_cpp, "compile_cpp", lambda *a, **k: calls.append(a[1]) or real_compile(*a, **k))
 
     def f(x, y):  # the same pointwise kernel on two inputs of one layout, each read after
         a, b = x.exp() * 2, y.exp() * 2
@@ -108,7 +108,7 @@ def test_identical_kernels_compile_once(tmp_path, monkeypatch):
 @pytest.mark.parametrize("requested", [0, 1, 3])
 def test_compile_workers(requested):
     usable = len(os.sched_getaffinity(0))
-    assert compile_graph.compile_workers(requested) == (requested or usable)
+    assert compile_cpp.compile_workers(requested) == (requested or usable)
 
 
 def test_graph_cache_off_neither_loads_nor_writes_graphs(tmp_path, monkeypatch):

@@ -120,7 +120,7 @@ def test_in_place_kernel_is_searched_on_copies(cache_dir, monkeypatch):
         seen.extend(b for b in result.values() if b.search is not None)
         return result
 
-    monkeypatch.setattr("ember.compile_graph.compile_candidates", spy)
+    monkeypatch.setattr("ember.compile_cpp.compile_candidates", spy)
     monkeypatch.setenv("EMBER_GRAPH_CACHE", "0")
     fn, make = CASES["in place"]
     inputs = make()

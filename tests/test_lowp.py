@@ -439,7 +439,7 @@ def test_low_precision_values_are_only_loaded_stored_selected_and_cast():
     (CAST to bfloat16 and back) is kept, not folded away."""
     from ember.codegen.low_precision import pm_low_precision
     from ember.uop.dtypes import dtypes
-    from ember.uop.ops import BufferArg, Ops, UOp
+    from ember.uop.ops import BufferArg, Ops, RangeKind, UOp
     from ember.uop.pattern import graph_rewrite
 
     def load(name, dtype):
@@ -450,7 +450,7 @@ def test_low_precision_values_are_only_loaded_stored_selected_and_cast():
     a, b = load("a", dtypes.bfloat16), load("b", dtypes.float16)
     rounded = (a.cast(dtypes.float32) * 3.0).cast(dtypes.bfloat16)
     shifted = a + UOp.const(dtypes.bfloat16, 0.3)
-    total = UOp(Ops.REDUCE, dtypes.bfloat16, (shifted, UOp.range(4, 1, reduce=True)), Ops.MAX)
+    total = UOp(Ops.REDUCE, dtypes.bfloat16, (shifted, UOp.range(4, 1, RangeKind.REDUCE)), Ops.MAX)
     values = [rounded.cast(dtypes.float32) - 1.0, b.alu(Ops.MAX, b), a.lt(UOp.const(dtypes.bfloat16, 0.3)), total]
     sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(values)), pm_low_precision)
     computing = {Ops.CAST, Ops.WHERE, Ops.LOAD, Ops.INDEX, Ops.BUFFER, Ops.CONST, Ops.SINK}

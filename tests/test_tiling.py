@@ -8,7 +8,7 @@ import torch
 
 import ember
 from ember.codegen.tiling import tile_size, trip_count
-from ember.uop.ops import UOp
+from ember.uop.ops import RangeArg, RangeKind, UOp
 from tests import helpers
 from tests.helpers import check
 
@@ -94,8 +94,8 @@ def test_reductions_are_not_tiled():
 def test_tile_sizes_and_trip_counts():
     assert tile_size(4) == tile_size(8) == 32 and tile_size(2) == 64 and tile_size(1) == 128
     tile = UOp.range(100, 0)
-    tile = UOp(tile.op, tile.dtype, tile.src, type(tile.arg)(0, tile=32))
-    element = UOp(tile.op, tile.dtype, (tile.src[0], tile), type(tile.arg)(1))
+    tile = UOp(tile.op, tile.dtype, tile.src, RangeArg(RangeKind.TILE, 0, tile=32))
+    element = UOp(tile.op, tile.dtype, (tile.src[0], tile), RangeArg(RangeKind.LOOP, 1))
     assert (trip_count(tile), trip_count(element), trip_count(tile, 16), trip_count(element, 16)) == (4, 32, 7, 16)
     assert trip_count(UOp.range(100, 2)) == 100
 

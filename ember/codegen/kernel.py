@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ember.ir import Buffer, ComputedBuffer, IndexedStore, Layout
 from ember.schedule.group import align, resolve_bodies
 from ember.uop.dtypes import dtypes
-from ember.uop.ops import BufferArg, Ops, ScatterArg, UOp, substitute
+from ember.uop.ops import BufferArg, Ops, RangeKind, ScatterArg, UOp, substitute
 from ember.uop.pattern import graph_rewrite
 from ember.uop.symbolic import distributed_terms, pm_symbolic
 
@@ -135,7 +135,9 @@ def group_sink(
     if isinstance(bodies, str):
         return bodies
     scanned = {u.src[1].arg for c in group for u in c.body.toposort if u.op is Ops.SCAN}
-    ranges = [UOp.range(size, d + SCAN_AXIS_BASE * (d in scanned), reduce=d in scanned) if size != 1
+    # a scanned dim is a sequential loop inside the others (Note: scans, lower/scans.py); a scan
+    # kernel has no other member, so its dims are the group's dims
+    ranges = [UOp.range(size, d, RangeKind.SCAN if d in scanned else RangeKind.LOOP) if size != 1
               else UOp.const(dtypes.index, 0) for d, size in enumerate(sizes)]  # fmt: skip
     stores = []
     for computed, placement in zip(group, placements):
@@ -145,11 +147,6 @@ def group_sink(
                      for d, s in zip(placement, computed.buffer.layout.size)]  # fmt: skip
         stores.append(_store(computed, bodies[computed.name], loop_vars))
     return UOp(Ops.SINK, dtypes.void, tuple(stores))
-
-
-# A scanned dim is a sequential (reduce) loop inside the others (Note: scans, lower/scans.py);
-# a scan kernel has no other member, so its dims are the group's dims.
-SCAN_AXIS_BASE = 1 << 36
 
 
 def indexed_store_sink(step: IndexedStore) -> UOp:

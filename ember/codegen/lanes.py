@@ -12,7 +12,7 @@ Note: lane accumulators (column reductions)
             for l' in C: acc[l'] += x[n, l'] (a lane copy of L: contiguous, `omp simd`)
         for l in C: out[l] = acc[l]
 
-    The lane copy `l'` is a reduce-flagged RANGE placed last in the reduction's group, so
+    The lane copy `l'` is a RANGE of kind LANE, which nests inside every reduce range, so
     the linearizer nests it inside the reduce loops. With no loop around it, the reduce loop
     is the kernel's outermost, and the renderer splits it over threads with an OpenMP array
     reduction (per-thread partial arrays, then a combine).
@@ -20,17 +20,16 @@ Note: lane accumulators (column reductions)
 
 from __future__ import annotations
 
-from ember.uop.ops import Ops, UOp
+from ember.uop.ops import Ops, RangeKind, UOp
 from ember.uop.symbolic import linear_terms
 
 MAX_LANES = 4096  # the array lives on the stack: 32 KiB of doubles at most
 MIN_LANES = 4  # fewer lanes than a vector: not worth the array
-LANE_AXIS_BASE = 1 << 50  # lane copies are numbered past every loop and reduce range
 
 
 def innermost_loop(sink: UOp) -> UOp | None:
     loops = [u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce]
-    return max(loops, key=lambda r: r.arg.axis) if loops else None
+    return max(loops, key=lambda r: r.arg.nesting) if loops else None
 
 
 def lane_range(red: UOp, innermost: UOp | None, max_lanes: int) -> UOp | None:
@@ -41,7 +40,7 @@ def lane_range(red: UOp, innermost: UOp | None, max_lanes: int) -> UOp | None:
     value, reduce_ranges = red.src[0], red.src[1:]
     if any(u.op is Ops.DEFINE_ACC and innermost in u.src for u in value.toposort):
         return None  # a reduction nested per lane would put loops inside the lane loop
-    inner_reduce = max(reduce_ranges, key=lambda r: r.arg.axis)
+    inner_reduce = max(reduce_ranges, key=lambda r: r.arg.nesting)
     along_lane = along_reduce = 0
     for load in (u for u in value.toposort if u.op is Ops.LOAD and inner_reduce in u.ranges):
         # only loads streamed through by the reduction count: a per-lane parameter
@@ -54,7 +53,7 @@ def lane_range(red: UOp, innermost: UOp | None, max_lanes: int) -> UOp | None:
 
 def lane_copy(lane: UOp, acc_id: int) -> UOp:
     """The reduce-flagged copy of `lane` that indexes the accumulator inside the reduce loops."""
-    return UOp.range(lane.src[0].arg, LANE_AXIS_BASE + acc_id, reduce=True)
+    return UOp.range(lane.src[0].arg, acc_id, RangeKind.LANE)
 
 
 def _unit_strides(index: UOp) -> set[UOp]:

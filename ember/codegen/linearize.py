@@ -47,11 +47,11 @@ class _Linearizer:
         self.sink = sink
         self.order = [u for u in sink.toposort if not _trivial(u) and u is not sink]
         self.loops = sorted((u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce),
-                            key=lambda r: r.arg.axis)  # fmt: skip
+                            key=lambda r: r.arg.nesting)  # fmt: skip
         self.reduce_parent: dict[UOp, tuple[UOp, list[UOp]]] = {}  # reduce range -> (DEFINE_ACC, group)
         for u in self.order:
             if u.op is Ops.ACC_UPDATE:
-                group = sorted(u.src[2:], key=lambda r: r.arg.axis)
+                group = sorted(u.src[2:], key=lambda r: r.arg.nesting)
                 for r in group:
                     self.reduce_parent[r] = (u.src[0], group)
         self.stacks = {u: self.canonical(u) for u in self.order}
@@ -70,12 +70,12 @@ class _Linearizer:
             # nested reductions: the innermost one is the one whose accumulator is deepest
             innermost = max(reduce_ranges, key=lambda r: len(self.canonical(self.reduce_parent[r][0])))
             acc, group = self.reduce_parent[innermost]
-            deepest = max(r.arg.axis for r in reduce_ranges if r in group)
-            return self.canonical(acc) + [r for r in group if r.arg.axis <= deepest]
+            deepest = max(r.arg.nesting for r in reduce_ranges if r in group)
+            return self.canonical(acc) + [r for r in group if r.arg.nesting <= deepest]
         if not scope:
             return []
-        deepest = max(r.arg.axis for r in scope)
-        return [r for r in self.loops if r.arg.axis <= deepest]
+        deepest = max(r.arg.nesting for r in scope)
+        return [r for r in self.loops if r.arg.nesting <= deepest]
 
     def run(self) -> list[UOp]:
         waiting = {u: sum(1 for s in set(u.src) if not _trivial(s)) for u in self.order}

@@ -8,38 +8,120 @@
               independent accumulators of one scope share a loop (Note: shared reduce loops)
 
 Each phase is a PatternMatcher (or a small function over the whole AST when it needs a
-global view, like loop order).
+global view, like loop order), run as a named `Step` whose result meets a stage of the IR spec
+(uop/spec.py). A backend's steps are the shared early and late ones around its own: loop
+lowering for C++ (`full_rewrite`), none for Triton's blocks (`block_rewrite`).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from ember.codegen.lanes import MAX_LANES, innermost_loop, lane_copy, lane_range
 from ember.codegen.low_precision import pm_low_precision
 from ember.codegen.shared_loops import merge_identical_reductions, share_reduce_loops
 from ember.codegen.tiling import tile_loops
 from ember.uop.dtypes import dtypes
-from ember.uop.ops import AccArg, CheckArg, Ops, RangeArg, ScatterArg, UOp, normalize_const, reduce_identity, substitute
+from ember.uop.ops import (
+    AccArg,
+    CheckArg,
+    Ops,
+    RangeArg,
+    RangeKind,
+    ScatterArg,
+    UOp,
+    normalize_const,
+    reduce_identity,
+    substitute,
+)
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from ember.uop.spec import Stage, verify
 from ember.uop.symbolic import linear_terms, pm_symbolic
 
 
-def full_rewrite(sink: UOp, max_lanes: int = MAX_LANES) -> UOp:
-    """`max_lanes`: the most lane accumulators a reduction may keep (0: scalar accumulators only)."""
-    sink = graph_rewrite(sink, pm_low_precision)  # early: Note: low-precision floats
-    sink = graph_rewrite(sink, pm_symbolic)  # early
-    sink = merge_identical_reductions(sink)  # early
-    sink = graph_rewrite(sink, pm_unique_reduce_ranges, ctx={})  # early
-    sink = order_loops(sink)  # optimize
-    sink = tile_loops(sink)  # optimize: Note: 2-D tiles
-    lowering = ReduceLowering(itertools.count(), innermost_loop(sink), max_lanes)
-    sink = graph_rewrite(sink, pm_lower_reduce, ctx=lowering)  # lower
-    sink = share_reduce_loops(sink)  # lower
-    sink = check_integer_division(sink)  # lower
-    sink = graph_rewrite(sink, pm_symbolic + pm_checks)  # lower: fold what reduce lowering exposed
+@dataclass(frozen=True)
+class Step:
+    """One named codegen step and the stage of the IR spec its result meets (uop/spec.py)."""
+
+    name: str
+    run: Callable[[UOp], UOp]
+    stage: Stage
+
+
+def run_steps(sink: UOp, steps: list[Step], check: bool = False) -> UOp:
+    """`sink` through `steps`; with `check`, the spec is verified before the first and after
+    each, so a bad rewrite fails at the step that made it (STYLE 16)."""
+    if check:
+        verify(sink, Stage.AST, "build_kernel_ast")
+    for step in steps:
+        sink = step.run(sink)
+        if check:
+            verify(sink, step.stage, step.name)
     return sink
+
+
+def early_steps() -> list[Step]:
+    """Every backend's first steps: the kernel AST simplified, 16-bit float math in float32
+    (Note: low-precision floats), every REDUCE over ranges of its own, loops in store order."""
+    return [
+        Step("low_precision", lambda s: graph_rewrite(s, pm_low_precision), Stage.EARLY),
+        Step("symbolic", lambda s: graph_rewrite(s, pm_symbolic), Stage.EARLY),
+        Step("merge_identical_reductions", merge_identical_reductions, Stage.EARLY),
+        Step("unique_reduce_ranges", lambda s: graph_rewrite(s, pm_unique_reduce_ranges, ctx={}), Stage.EARLY),
+        Step("order_loops", order_loops, Stage.EARLY),
+    ]
+
+
+def loop_steps(max_lanes: int = MAX_LANES) -> list[Step]:
+    """A loop backend's steps (C++): 2-D tiles, REDUCE and SCAN to accumulators (lane accumulators
+    up to `max_lanes`; 0: scalar ones only), independent accumulators sharing loops."""
+    return [
+        Step("tile_loops", tile_loops, Stage.EARLY),  # Note: 2-D tiles
+        Step("lower_reduce", lambda s: lower_reductions(s, max_lanes), Stage.LOWERED),
+        Step("share_reduce_loops", share_reduce_loops, Stage.LOWERED),
+    ]
+
+
+def late_steps(stage: Stage) -> list[Step]:
+    """Every backend's last steps: integer division checked, what earlier steps exposed folded,
+    ranges numbered for reading."""
+    return [
+        Step("check_integer_division", check_integer_division, stage),
+        Step("symbolic_and_checks", lambda s: graph_rewrite(s, pm_symbolic + pm_checks), stage),
+        Step("number_ranges", number_ranges, stage),
+    ]
+
+
+def full_rewrite(sink: UOp, max_lanes: int = MAX_LANES, check: bool = False) -> UOp:
+    """The C++ backend's steps: a kernel AST -> the lowered AST the linearizer takes."""
+    return run_steps(sink, early_steps() + loop_steps(max_lanes) + late_steps(Stage.LOWERED), check)
+
+
+def block_rewrite(sink: UOp, check: bool = False) -> UOp:
+    """The Triton backend's steps: REDUCE and SCAN stay, reductions over a block axis."""
+    return run_steps(sink, early_steps() + late_steps(Stage.EARLY), check)
+
+
+def lower_reductions(sink: UOp, max_lanes: int) -> UOp:
+    lowering = ReduceLowering(itertools.count(), innermost_loop(sink), max_lanes)
+    return graph_rewrite(sink, pm_lower_reduce, ctx=lowering)
+
+
+def number_ranges(sink: UOp) -> UOp:
+    """Ranges renumbered 0, 1, ... in nesting order within each nesting rank, kinds kept: readable
+    names (r0, red1, lane0), and kernels that differ only in lowering's counters get one source."""
+    ranges = [u for u in sink.toposort if u.op is Ops.RANGE]
+    ranks: dict[int, list[UOp]] = {}
+    for r in sorted(ranges, key=lambda r: r.arg.nesting):
+        ranks.setdefault(r.arg.nesting[0], []).append(r)
+    order = {r: i for group in ranks.values() for i, r in enumerate(group)}
+    mapping: dict[UOp, UOp] = {}
+    for r in ranges:  # sources first: an element loop after its tile loop
+        arg = RangeArg(r.arg.kind, order[r], tile=r.arg.tile)
+        mapping[r] = UOp(Ops.RANGE, r.dtype, tuple(mapping.get(s, s) for s in r.src), arg)
+    return substitute(sink, mapping)
 
 
 def check_integer_division(sink: UOp) -> UOp:
@@ -72,11 +154,9 @@ def give_fresh_ranges(ctx: dict[UOp, UOp], red: UOp) -> UOp | None:
     ranges = red.src[1:]
     if all(ctx.setdefault(r, red) is red for r in ranges):
         return None
-    fresh = {r: UOp.range(r.src[0].arg, r.arg.axis + (len(ctx) + 1) * FRESH_AXIS_STRIDE, reduce=True) for r in ranges}
+    fresh = {r: UOp(Ops.RANGE, r.dtype, r.src, replace(r.arg, copy=len(ctx) + 1)) for r in ranges}
     return UOp(Ops.REDUCE, red.dtype, (substitute(red.src[0], fresh), *fresh.values()), red.arg)
 
-
-FRESH_AXIS_STRIDE = 1 << 30
 
 pm_unique_reduce_ranges = PatternMatcher(
     [
@@ -99,15 +179,11 @@ def order_loops(sink: UOp) -> UOp:
         for r, coefficient in _coefficients(store.src[0].src[1]).items():
             if r in stride:
                 stride[r] = max(stride[r], abs(coefficient))
-    order = sorted(loops, key=lambda r: (-stride[r], r.arg.axis))
-    if order == sorted(loops, key=lambda r: r.arg.axis):
+    order = sorted(loops, key=lambda r: (-stride[r], r.arg.nesting))
+    if order == sorted(loops, key=lambda r: r.arg.nesting):
         return sink
-    mapping = {r: UOp(Ops.RANGE, r.dtype, r.src, RangeArg(i, False)) for i, r in enumerate(order)}
-    # renumbering may collide with a reduce range's axis: move reduce axes past every loop
-    base = len(order)
-    for i, r in enumerate(u for u in sink.toposort if u.op is Ops.RANGE and u.arg.reduce):
-        mapping[r] = UOp(Ops.RANGE, r.dtype, r.src, RangeArg(base + i, True))
-    return substitute(sink, mapping)
+    renumbered = {r: UOp(Ops.RANGE, r.dtype, r.src, RangeArg(RangeKind.LOOP, i)) for i, r in enumerate(order)}
+    return substitute(sink, renumbered)
 
 
 def _coefficients(index: UOp) -> dict[UOp, int]:
@@ -142,7 +218,7 @@ def lower_reduce(ctx: ReduceLowering, red: UOp) -> UOp:
     identity = normalize_const(red.dtype, reduce_identity(red.arg, red.dtype))
     acc_id = next(ctx.ids)
     lane = lane_range(red, ctx.innermost_loop, ctx.max_lanes)
-    outer = tuple(sorted(red.ranges - {lane}, key=lambda r: r.arg.axis))
+    outer = tuple(sorted(red.ranges - {lane}, key=lambda r: r.arg.nesting))
     if lane is None:
         acc = UOp(Ops.DEFINE_ACC, red.dtype, outer, AccArg(red.arg, identity, acc_id))
         return UOp(Ops.ACC_READ, red.dtype, (acc, UOp(Ops.ACC_UPDATE, red.dtype, (acc, value, *reduce_ranges))))
@@ -160,7 +236,7 @@ def lower_scan(ctx: ReduceLowering, scan: UOp) -> UOp:
     if scan_range.op is not Ops.RANGE:  # a scanned dim of size 1
         return value
     arg = AccArg(scan.arg, normalize_const(scan.dtype, reduce_identity(scan.arg, scan.dtype)), next(ctx.ids))
-    outer = tuple(sorted(scan.ranges - {scan_range}, key=lambda r: r.arg.axis))
+    outer = tuple(sorted(scan.ranges - {scan_range}, key=lambda r: r.arg.nesting))
     acc = UOp(Ops.DEFINE_ACC, scan.dtype, outer, arg)
     return UOp(Ops.ACC_RUNNING, scan.dtype, (acc, UOp(Ops.ACC_UPDATE, scan.dtype, (acc, value, scan_range))))
 

@@ -78,10 +78,8 @@ def share_reduce_loops(sink: UOp) -> UOp:
 
 
 def loop_ranges(update: UOp) -> list[UOp]:
-    """The ranges an ACC_UPDATE's loops walk: its reduce ranges by axis, then its lane copy."""
-    if update.src[0].arg.lanes > 1:
-        return sorted(update.src[2:-1], key=lambda r: r.arg.axis) + [update.src[-1]]
-    return sorted(update.src[2:], key=lambda r: r.arg.axis)
+    """The ranges an ACC_UPDATE's loops walk, outermost first (a lane copy last)."""
+    return sorted(update.src[2:], key=lambda r: r.arg.nesting)
 
 
 def _holds_nested_reduction(update: UOp) -> bool:

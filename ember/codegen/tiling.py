@@ -27,7 +27,7 @@ Note: 2-D tiles
 
 from __future__ import annotations
 
-from ember.uop.ops import Ops, RangeArg, ScatterArg, UOp, substitute
+from ember.uop.ops import Ops, RangeArg, RangeKind, ScatterArg, UOp, substitute
 from ember.uop.symbolic import linear_terms
 
 MIN_STRIDE = 16  # a strided read this many elements apart touches a new cache line per element
@@ -38,16 +38,18 @@ def tile_loops(sink: UOp) -> UOp:
     a load reads across them (Note: 2-D tiles). Expects loops ordered (order_loops)."""
     if any(u.op in (Ops.REDUCE, Ops.SCAN) or isinstance(u.arg, ScatterArg) for u in sink.toposort):
         return sink
-    loops = sorted((u for u in sink.toposort if u.op is Ops.RANGE), key=lambda r: r.arg.axis)
+    loops = sorted((u for u in sink.toposort if u.op is Ops.RANGE), key=lambda r: r.arg.nesting)
     choice = choose_tiled_loops(sink, loops)
     if choice is None:
         return sink
     row, col, size = choice
     others = [r for r in loops if r not in (row, col)]
-    tiles = {r: UOp(Ops.RANGE, r.dtype, r.src, RangeArg(len(others) + i, tile=size)) for i, r in enumerate((row, col))}
-    mapping = {r: UOp(Ops.RANGE, r.dtype, r.src, RangeArg(i)) for i, r in enumerate(others)}
+    # order: the other loops, then the two tile loops, then the two element loops
+    tiles = {r: UOp(Ops.RANGE, r.dtype, r.src, RangeArg(RangeKind.TILE, len(others) + i, tile=size))
+             for i, r in enumerate((row, col))}  # fmt: skip
+    mapping = {r: UOp(Ops.RANGE, r.dtype, r.src, RangeArg(RangeKind.LOOP, i)) for i, r in enumerate(others)}
     for i, r in enumerate((row, col)):
-        mapping[r] = UOp(Ops.RANGE, r.dtype, (r.src[0], tiles[r]), RangeArg(len(others) + 2 + i))
+        mapping[r] = UOp(Ops.RANGE, r.dtype, (r.src[0], tiles[r]), RangeArg(RangeKind.LOOP, len(others) + 2 + i))
     return substitute(sink, mapping)
 
 
@@ -88,7 +90,7 @@ def tile_size(itemsize: int) -> int:
 
 
 def is_tile_loop(r: UOp) -> bool:
-    return r.op is Ops.RANGE and r.arg.tile > 0
+    return r.op is Ops.RANGE and r.arg.kind is RangeKind.TILE
 
 
 def is_element_loop(r: UOp) -> bool:

@@ -23,6 +23,15 @@ DELAY_S = 2.0
 TICK_S = 0.25
 
 
+class StageTimes(dict):
+    """Seconds per stage, summed over its entries (errors.stage adds to it), and the compile's
+    progress display, which shows the stage being run."""
+
+    def __init__(self, progress: CompileProgress | None = None):
+        super().__init__()
+        self.progress = progress
+
+
 class CompileProgress:
     """What one compile is doing now; safe to update from gcc's worker threads."""
 

@@ -11,12 +11,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ember.ir import Buffer, BufferRef, ComputedBuffer, ExternCall, Layout, LoweredGraph, contiguous_strides
 from ember.lower.values import TensorValue, as_strided_read, load, reads_transposed
 from ember.uop.dtypes import from_torch
-from ember.uop.ops import UOp
-
-# Reduce loops nest inside every output loop; numbering them past any output axis keeps
-# loop order well defined before codegen renumbers them.
-REDUCE_AXIS_BASE = 1 << 20
-
+from ember.uop.ops import Ops, RangeKind, UOp
 
 # aten matmuls that read any strided operand, a transposed one as fast as a plain one (BLAS)
 MATMUL_OPS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm}
@@ -62,7 +57,10 @@ class LoweringContext:
     fallback_ops: list[str] = field(default_factory=list)
     fallback_random: bool = False  # random ops call aten (config.fallback_random)
     random_counters: int = 0  # Philox counters taken by earlier random ops (Note: counter-based random numbers)
-    backend: str = "cpp"  # the renderer the graph's kernels go to: "cpp" | "triton"
+    # what the backend the graph's kernels go to can do (Note: backends, backend.py): the ops it
+    # cannot render, whether its reductions fold in eager's CPU order; never which backend it is
+    unrenderable: frozenset[Ops] = frozenset()
+    ordered_reductions: bool = True
     _counter: int = 0
 
     def new_name(self, prefix: str = "buf") -> str:
@@ -72,7 +70,7 @@ class LoweringContext:
     def reduce_range(self, size: int) -> UOp:
         """A fresh reduction loop variable; reductions never share one (codegen relies on it)."""
         self._counter += 1
-        return UOp.range(size, REDUCE_AXIS_BASE + self._counter, reduce=True)
+        return UOp.range(size, self._counter, RangeKind.REDUCE)
 
     def add_buffer(self, buffer: Buffer) -> Buffer:
         self.buffers[buffer.name] = buffer

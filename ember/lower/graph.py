@@ -58,8 +58,13 @@ VIEW_OPS = {
 
 
 def lower_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], fallback_random: bool = False,
-                backend: str = "cpp") -> tuple[LoweredGraph, LoweringContext]:  # fmt: skip
-    ctx = LoweringContext(LoweredGraph(inputs=[], constants={}), fallback_random=fallback_random, backend=backend)
+                unrenderable: frozenset[Ops] = frozenset(), ordered_reductions: bool = True
+                ) -> tuple[LoweredGraph, LoweringContext]:  # fmt: skip
+    """`unrenderable`, `ordered_reductions`: the capabilities of the backend the kernels go to
+    (Note: backends, backend.py)."""
+    graph = LoweredGraph(inputs=[], constants={})
+    ctx = LoweringContext(graph, fallback_random=fallback_random, unrenderable=unrenderable,
+                          ordered_reductions=ordered_reductions)  # fmt: skip
     env: dict[torch.fx.Node, Any] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -121,6 +126,8 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
     if lowering is not None and _kernel_dtypes_only(node, args, kwargs):
         try:
             value = lowering(ctx, node, *args, **kwargs)
+            if ctx.unrenderable and _needs_unrenderable(ctx, value):
+                value = None
         except Unsupported:
             value = None
         except Exception as e:
@@ -135,6 +142,14 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
     elif isinstance(value, tuple):
         value = tuple(_maybe_realize(ctx, node, v) if isinstance(v, TensorValue) else v for v in value)
     return value
+
+
+def _needs_unrenderable(ctx: LoweringContext, value: Any) -> bool:
+    """Whether a lowered value computes an op the backend cannot render: then the call goes to aten
+    (the one place that rule lives; the backend declares the ops, Note: backends)."""
+    values, _ = tree_flatten(value)
+    bodies = [v.body for v in values if isinstance(v, TensorValue)]
+    return any(u.op in ctx.unrenderable for body in bodies for u in body.toposort)
 
 
 def _dtypes(node: torch.fx.Node, args: tuple, kwargs: dict):

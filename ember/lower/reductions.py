@@ -203,9 +203,9 @@ def welford_mean_of_infinities(ctx, x: TensorValue, dims: list[int], mean: Tenso
     the last reduced position (in logical order) meets a later element as `x - inf` and makes the
     mean NaN; a lone infinity at the last position leaves it infinite (the sum's mean otherwise).
     Counting the infinities is one more accumulator in the mean's loop (Note: shared reduce loops).
-    C++ kernels only: the Triton path (and its split variance, lower/split_reductions.py) keeps
-    the sum's mean."""
-    if ctx.backend == "triton" or any(x.shape[d] == 0 for d in dims):
+    Only for a backend whose reductions fold in eager's order (C++ loops): block reductions (and
+    the split variance, lower/split_reductions.py) keep the sum's mean."""
+    if not ctx.ordered_reductions or any(x.shape[d] == 0 for d in dims):
         return mean  # (no element: the mean is 0/0 already)
     is_infinite = lambda e, _: e.alu(Ops.ISINF).cast(dtypes.float64)  # noqa: E731
     infinities = reduce(ctx, x, dims, True, Ops.ADD, dtypes.float64, value=is_infinite)

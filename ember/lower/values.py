@@ -12,11 +12,17 @@ from dataclasses import dataclass
 
 from ember.ir import Buffer, Layout
 from ember.uop.dtypes import DType, dtypes
-from ember.uop.ops import Ops, UOp, substitute
+from ember.uop.ops import Ops, RangeKind, UOp, substitute
 
 
 def axis(i: int) -> UOp:
     return UOp(Ops.AXIS, dtypes.index, (), i)
+
+
+def bounded_axis(i: int, size: int) -> UOp:
+    """AXIS `i` as a loop variable with its size as bound, for simplifying: the div/mod of a
+    reshape folds away only with bounds ((a*4 + b)//4 -> a needs 0 <= b < 4)."""
+    return UOp.range(max(size, 1), i, RangeKind.BOUNDED)
 
 
 def const_index(value: int) -> UOp:
@@ -159,7 +165,7 @@ def reads_transposed(x: TensorValue) -> bool:
 
     if x.ndim < 2 or x.shape[-1] == 1 or x.shape[-2] == 1:
         return False
-    bounded = {axis(i): UOp.range(max(size, 1), BOUNDED_AXIS_BASE + i) for i, size in enumerate(x.shape)}
+    bounded = {axis(i): bounded_axis(i, size) for i, size in enumerate(x.shape)}
     rows, cols = bounded[axis(x.ndim - 2)], bounded[axis(x.ndim - 1)]
     loads = [u for u in x.body.toposort if u.op is Ops.LOAD]
     for load_uop in loads:
@@ -173,16 +179,11 @@ def reads_transposed(x: TensorValue) -> bool:
     return bool(loads)
 
 
-# Axes become loop variables with their sizes as bounds while simplifying, so that the
-# div/mod of a reshape folds away ((a*4 + b)//4 -> a needs 0 <= b < 4).
-BOUNDED_AXIS_BASE = 1 << 50
-
-
 def affine_coefficients(expr: UOp, shape: tuple[int, ...]) -> tuple[int, list[int]] | None:
     """(offset, strides) when `expr` is offset + sum(AXIS i * stride i), else None."""
     from ember.uop.symbolic import distributed_terms, simplify
 
-    bounded = {axis(i): UOp.range(max(size, 1), BOUNDED_AXIS_BASE + i) for i, size in enumerate(shape)}
+    bounded = {axis(i): bounded_axis(i, size) for i, size in enumerate(shape)}
     dim_of = {r: i for i, r in enumerate(bounded.values())}
     form = distributed_terms(simplify(substitute(expr, bounded)))
     if form is None:

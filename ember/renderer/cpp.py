@@ -18,8 +18,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from ember.codegen.tiling import is_tile_loop, trip_count
 from ember.renderer.choices import (
@@ -30,6 +28,7 @@ from ember.renderer.choices import (
     parallel_clauses,
     runs_parallel,
 )
+from ember.renderer.common import RenderedKernel, kernel_errors, kernel_params
 from ember.renderer.tiles import loop_lines
 from ember.renderer.vector_math import vector_math_call, vector_math_prelude
 from ember.uop.dtypes import DType, bits_of, dtypes
@@ -276,28 +275,15 @@ def render_const(value: int | float | bool, dtype: DType) -> str:
     return f"(({dtype.ctype}){value})"
 
 
-@dataclass
-class RenderedKernel:
-    name: str
-    source: str
-    params: list[tuple[str, DType, bool]]  # (name, dtype, written)
-    errors: list[CheckArg] = field(default_factory=list)  # error code i+1 is errors[i]
-    tiled: bool = False  # its loops are 2-D tiles (Note: 2-D tiles, codegen/tiling.py)
-    search: Any = None  # config.kernel_search: a SearchPlan (compile_search.py), the other renderings to time
-    reduce_loops: int = 0  # reduce loops it opens (codegen/shared_loops.py reduce_loop_count)
-
-
 def render(name: str, program: list[UOp], written: frozenset[str], parallel_threshold: int,
            simd_math: tuple[tuple[str, int], ...] = (),
            choices: KernelChoices = DEFAULT_CHOICES) -> RenderedKernel:  # fmt: skip
     """`simd_math`: (name, arity) of the libm functions the host can call on vectors;
     `choices`: the decisions the kernel search may vary (Note: kernel choices, choices.py)."""
     program = nest_perfectly(program) if choices.collapse else program
-    buffers = sorted({u.arg.name: u for p in program for u in p.src if u.op is Ops.BUFFER}.values(),
-                     key=lambda b: int(b.arg.name[1:]))  # fmt: skip
-    params = [(b.arg.name, b.dtype, b.arg.name in written) for b in buffers]
+    params = kernel_params(program, written)
     signature = ", ".join(f"{'' if w else 'const '}{d.ctype}* __restrict__ {n}" for n, d, w in params)
-    errors = list(dict.fromkeys(u.arg for u in program if u.op is Ops.CHECK))
+    errors = kernel_errors(program)
     if errors:  # Note: kernel errors
         signature += ", int32_t* ember_error"
     body = _render_body(program, parallel_threshold, errors, choices)
@@ -415,7 +401,7 @@ def _render_body(program: list[UOp], parallel_threshold: int, errors: list[Check
         if u.op is Ops.CONST:
             return render_const(u.arg, u.dtype)
         if u.op is Ops.RANGE:
-            return f"r{u.arg.axis}"
+            return u.arg.name
         return names[u]
 
     for i, u in enumerate(program):

@@ -15,11 +15,11 @@ from ember.uop.ops import UOp
 def loop_lines(loop: UOp, tile: int = 0) -> tuple[list[str], str]:
     """(lines before the loop's pragma, its `for` line) for any RANGE; `tile` overrides the
     tile size the codegen chose (KernelChoices.tile)."""
-    var, size = f"r{loop.arg.axis}", loop.src[0].arg
+    var, size = loop.arg.name, loop.src[0].arg
     if is_tile_loop(loop):
         return [], f"for (int64_t {var} = 0; {var} < {size}; {var} += {tile or loop.arg.tile}) {{"
     if is_element_loop(loop):
-        start, step = f"r{loop.src[1].arg.axis}", tile or loop.src[1].arg.tile
+        start, step = loop.src[1].arg.name, tile or loop.src[1].arg.tile
         end = f"{var}_end"
         declaration = f"const int64_t {end} = {start} + {step} < {size} ? {start} + {step} : {size};"
         return [declaration], f"for (int64_t {var} = {start}; {var} < {end}; {var}++) {{"

@@ -1,8 +1,8 @@
 """Stage `renderer` (GPU): a kernel AST -> Triton source (one module, one or two variants).
 
-The Triton renderer takes the AST after the symbolic phases but before `pm_lower_reduce`
-(which lowers REDUCE to scalar accumulators in CPU loops): Triton computes on blocks, so a
-REDUCE stays a reduction over a block axis.
+The Triton renderer takes the AST after `codegen/phases.block_rewrite`: the shared phases but
+not reduce lowering (which lowers REDUCE to scalar accumulators in CPU loops): Triton computes
+on blocks, so a REDUCE stays a reduction over a block axis.
 
 Note: blocks for a kernel AST
     The loop ranges a REDUCE varies with are the *outer* ranges; flattened, they index the
@@ -47,14 +47,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ember.codegen.low_precision import pm_low_precision
-from ember.codegen.phases import check_integer_division, order_loops, pm_checks, pm_unique_reduce_ranges
 from ember.renderer.triton_math import render_math
 from ember.renderer.triton_scatter import ScatterStore, scatter_store_lines
 from ember.uop.dtypes import DType, bits_of, dtypes
 from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp, reduce_identity
-from ember.uop.pattern import graph_rewrite
-from ember.uop.symbolic import pm_symbolic
 
 PERSISTENT_LIMIT = 16384  # the largest row a persistent variant keeps in one block
 
@@ -70,16 +66,6 @@ def tl_type(dtype: DType) -> str:
     if dtype.name not in TL_TYPES:
         raise NotImplementedError(f"Triton renderer: no Triton type for {dtype.name}")
     return TL_TYPES[dtype.name]
-
-
-def rewrite_for_blocks(sink: UOp) -> UOp:
-    """The phases of codegen/phases.py that a block renderer wants: all but reduce lowering."""
-    sink = graph_rewrite(sink, pm_low_precision)  # Note: low-precision floats in Triton
-    sink = graph_rewrite(sink, pm_symbolic)
-    sink = graph_rewrite(sink, pm_unique_reduce_ranges, ctx={})
-    sink = order_loops(sink)
-    sink = check_integer_division(sink)
-    return graph_rewrite(sink, pm_symbolic + pm_checks)
 
 
 # ---- the op table ------------------------------------------------------------------------
@@ -259,7 +245,7 @@ class KernelShape:
 
 
 def kernel_shape(sink: UOp) -> KernelShape:
-    loops = sorted((u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce), key=lambda r: r.arg.axis)
+    loops = sorted((u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce), key=lambda r: r.arg.nesting)
     reduces = tuple(u for u in sink.toposort if u.op is Ops.REDUCE)
     if not reduces:
         return KernelShape(tuple(loops), (), (), _numel(loops), 0)
@@ -331,21 +317,6 @@ class Phase:
         while phase is not None:
             yield phase
             phase = phase.parent
-
-
-@dataclass
-class TritonKernel:
-    name: str
-    source: str
-    params: list[tuple[str, DType, bool]]  # (name, dtype, written)
-    errors: list[CheckArg]
-    xnumel: int
-    rnumel: int
-    variants: list[str]  # "pointwise" | "persistent" | "looped", one @triton.jit function each
-    xextent: int = 0  # what XBLOCK should cover (KernelShape.xextent; xnumel sizes the grid)
-
-    def function(self, variant: str) -> str:
-        return f"{self.name}_{variant}"
 
 
 class _Renderer:
@@ -473,7 +444,7 @@ class _Renderer:
             return _decompose("xindex", self.shape.outer, r)
         owner = next((p for p in phase.chain() if r in p.ranges), None) if phase is not None else None
         if owner is None:
-            raise RuntimeError(f"Triton renderer: range r{r.arg.axis} used outside its phase")
+            raise RuntimeError(f"Triton renderer: range {r.arg.name} used outside its phase")
         return _decompose(owner.index, owner.ranges, r)
 
     def mask(self, index: UOp, phase: Phase | None) -> str | None:
@@ -605,113 +576,3 @@ def _decompose(index: str, ranges: tuple[UOp, ...], r: UOp) -> str:
     stride = _numel(ranges[i + 1 :])
     text = index if stride == 1 else f"({index} // {stride})"
     return text if i == 0 else f"({text} % {r.src[0].arg})"
-
-
-# ---- the module -----------------------------------------------------------------------------
-
-PRELUDE = """\
-import triton
-import triton.language as tl
-from triton.language.extra import libdevice
-
-
-@triton.jit
-def ember_max_combine(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def ember_min_combine(a, b):
-    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def ember_mul_combine(a, b):
-    return a * b
-
-
-@triton.jit
-def ember_max(x, axis, keep_dims):
-    return tl.reduce(x, axis, ember_max_combine, keep_dims=keep_dims)
-
-
-@triton.jit
-def ember_min(x, axis, keep_dims):
-    return tl.reduce(x, axis, ember_min_combine, keep_dims=keep_dims)
-
-
-@triton.jit
-def ember_prod(x, axis, keep_dims):
-    return tl.reduce(x, axis, ember_mul_combine, keep_dims=keep_dims)
-
-
-@triton.jit
-def ember_bf16_to_f32(x):
-    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def ember_f32_to_bf16(x):
-    # round to nearest even on the dropped bits; any NaN -> 0x7FC0 (as eager)
-    u = x.to(tl.uint32, bitcast=True)
-    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    bits = tl.where((u & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, rounded)
-    return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def ember_div_rn(a, b):
-    a, b = tl.broadcast(a, b)
-    return tl.div_rn(a, b)
-
-
-@triton.jit
-def ember_ipow(a, b):
-    # integer power by squaring, wrapping as eager; negative exponents as the CPU's ember_ipow
-    result = a * 0 + 1
-    base = a
-    e = b
-    for _ in tl.static_range(64):
-        result = tl.where((e & 1) != 0, result * base, result)
-        base = base * base
-        e = e >> 1
-    negative = tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0))
-    return tl.where(b < 0, negative, result)
-"""
-
-
-def render_triton(name: str, sink: UOp, written: frozenset[str], scalars: frozenset[str] = frozenset()
-                  ) -> TritonKernel:  # fmt: skip
-    """`sink` is the kernel AST after `rewrite_for_blocks`. `scalars`: one-element int64 buffers
-    (the random seed) the kernel takes by value rather than as a pointer: no device buffer to
-    fill per call. Typed int64 and never specialized, so every value runs one compiled kernel."""
-    renderer: type[_Renderer] = _Renderer
-    if any(u.op is Ops.SCAN for u in sink.toposort):
-        from ember.renderer.triton_scan import ScanRenderer, scan_kernel_shape  # it builds on this module
-
-        renderer, shape = ScanRenderer, scan_kernel_shape(sink)
-    else:
-        shape = kernel_shape(sink)
-    buffers = sorted({u.arg.name: u for u in sink.toposort if u.op is Ops.BUFFER}.values(),
-                     key=lambda b: int(b.arg.name[1:]))  # fmt: skip
-    params = [(b.arg.name, b.dtype, b.arg.name in written) for b in buffers]
-    for _, dtype, _ in params:
-        tl_type(dtype)
-    errors = list(dict.fromkeys(u.arg for u in sink.toposort if u.op is Ops.CHECK))
-    names = [f"{p}: tl.int64" if p in scalars else p for p, _, _ in params]
-    signature = ", ".join(names + (["ember_error"] if errors else []))
-    by_value = sorted(scalars & {p for p, _, _ in params})
-    jit = f"@triton.jit(do_not_specialize={by_value!r})" if by_value else "@triton.jit"
-    bits = index_bits(sink, shape)
-    if shape.pointwise:
-        variants = ["pointwise"]
-    else:
-        variants = (["persistent"] if shape.rnumel <= renderer.persistent_limit else []) + ["looped"]
-    functions = []
-    for variant in variants:
-        lines = renderer(sink, shape, errors, variant == "persistent", bits, scalars).render()
-        blocks = "XBLOCK: tl.constexpr" + ("" if shape.pointwise else ", RBLOCK: tl.constexpr")
-        head = f"{jit}\ndef {name}_{variant}({signature}, {blocks}):\n"
-        functions.append(head + "\n".join(lines) + "\n")
-    source = PRELUDE + renderer.prelude + "\n\n" + "\n\n".join(functions)
-    return TritonKernel(name, source, params, errors, shape.xnumel, shape.rnumel, variants, shape.xextent)

@@ -16,6 +16,12 @@ LIBDEVICE_CALLS = {
     Ops.COPYSIGN: "copysign", Ops.NEXTAFTER: "nextafter", Ops.HYPOT: "hypot",
 }  # fmt: skip
 
+# Ops the Triton renderer has no spelling for, which the backend declares (compile_triton.py
+# TritonBackend) so that lowering sends each call needing one to aten alone (a fallback extern,
+# lower/graph.py) rather than the whole graph running eagerly. Empty today: special functions
+# past libm's are aten externs on every backend (Note: special functions).
+UNRENDERABLE: frozenset[Ops] = frozenset()
+
 
 def render_math(u: UOp, srcs: list[str]) -> str | None:
     """The call for a special function, or None when `u` is not one."""

@@ -66,7 +66,7 @@ def scan_kernel_shape(sink: UOp) -> KernelShape:
     ranges = [u for u in sink.toposort if u.op is Ops.RANGE]
     if any(r.arg.reduce and r is not scan_range for r in ranges):
         raise NotImplementedError("Triton renderer: a reduce range besides the scanned one in a scan kernel")
-    loops = tuple(sorted((r for r in ranges if not r.arg.reduce), key=lambda r: r.arg.axis))
+    loops = tuple(sorted((r for r in ranges if not r.arg.reduce), key=lambda r: r.arg.nesting))
     return KernelShape(loops, (scan_range,), (), _numel(loops), scan_range.src[0].arg, scans)
 
 

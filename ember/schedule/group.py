@@ -15,7 +15,7 @@ from __future__ import annotations
 from ember.ir import ComputedBuffer, Layout
 from ember.lower.values import axis
 from ember.uop.dtypes import dtypes
-from ember.uop.ops import Ops, UOp, substitute
+from ember.uop.ops import Ops, RangeKind, UOp, substitute
 from ember.uop.symbolic import linear_terms, simplify
 
 
@@ -82,7 +82,7 @@ def resolve_bodies(group: list[ComputedBuffer]) -> dict[str, UOp] | str:
     layouts = {c.name: c.buffer.layout for c in group}
     for computed in group:
         # axes become bounded loop variables while decomposing, so bounds prove the index math
-        bounded = {axis(i): UOp.range(s, PLACEHOLDER_AXIS + i) for i, s in enumerate(computed.buffer.layout.size)}
+        bounded = {axis(i): UOp.range(s, i, RangeKind.BOUNDED) for i, s in enumerate(computed.buffer.layout.size)}
         unbound = {r: a for a, r in bounded.items()}
         mapping: dict[UOp, UOp] = {}
         for u in computed.body.toposort:
@@ -96,6 +96,3 @@ def resolve_bodies(group: list[ComputedBuffer]) -> dict[str, UOp] | str:
             mapping[u] = substitute(resolved[name], {axis(i): e for i, e in enumerate(exprs)})
         resolved[computed.name] = substitute(computed.body, mapping) if mapping else computed.body
     return resolved
-
-
-PLACEHOLDER_AXIS = 1 << 40

@@ -143,13 +143,53 @@ class BufferArg:
     size: int
 
 
+class RangeKind(enum.Enum):
+    """What a loop variable is for (STYLE 15: a kind is a type, never a band of integers).
+
+    Ranges nest by kind first: loops (and tile loops) outermost, then reduce and scan loops,
+    then lane copies; `RangeArg.order` orders ranges within that. The value is the prefix of the
+    variable's name in generated source and dumps (`r0`, `red3`, `lane1`)."""
+
+    LOOP = "r"  # an output dim's loop (or the element loop of a 2-D tiling)
+    TILE = "tile"  # the tile loop of a 2-D tiling, stepping by `RangeArg.tile` (codegen/tiling.py)
+    REDUCE = "red"  # a loop a REDUCE folds over
+    SCAN = "scan"  # a scanned dim: a sequential loop inside the others (lower/scans.py)
+    LANE = "lane"  # a lane copy of the innermost loop inside reduce loops (codegen/lanes.py)
+    BOUNDED = "ax"  # an AXIS given its bound while simplifying (lowering, fusion); never in a kernel
+
+
+# how deep each kind nests: a range of a lower rank is outside one of a higher rank
+NESTING_RANK = {
+    RangeKind.LOOP: 0, RangeKind.TILE: 0, RangeKind.BOUNDED: 0,
+    RangeKind.REDUCE: 1, RangeKind.SCAN: 1, RangeKind.LANE: 2,
+}  # fmt: skip
+REDUCE_KINDS = frozenset({RangeKind.REDUCE, RangeKind.SCAN, RangeKind.LANE})
+
+
 @dataclass(frozen=True)
 class RangeArg:
-    """A loop variable: `axis` orders loops (smaller is outer); reduce loops nest innermost."""
+    """A loop variable: its `kind`, its `order` among ranges of its nesting rank (smaller is
+    outer), and `copy`, which tells apart copies of one range (a REDUCE read at two positions
+    gets fresh ranges, codegen/phases.py)."""
 
-    axis: int
-    reduce: bool = False
+    kind: RangeKind
+    order: int
+    copy: int = 0
     tile: int = 0  # > 0: the tile loop of a 2-D tiling, stepping by `tile` (Note: 2-D tiles, codegen/tiling.py)
+
+    @property
+    def reduce(self) -> bool:
+        """Whether the loop is inside the output loops, walking what one output folds or scans."""
+        return self.kind in REDUCE_KINDS
+
+    @property
+    def nesting(self) -> tuple[int, int, int]:
+        """Sort key: a range with a smaller key is opened outside one with a larger key."""
+        return (NESTING_RANK[self.kind], self.order, self.copy)
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind.value}{self.order}" + (f"_{self.copy}" if self.copy else "")
 
 
 @dataclass(frozen=True)
@@ -219,8 +259,8 @@ class UOp(metaclass=_UOpMeta):
         return UOp(Ops.CONST, dtype, (), normalize_const(dtype, value))
 
     @staticmethod
-    def range(size: int, axis: int, reduce: bool = False) -> UOp:
-        return UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, size),), RangeArg(axis, reduce))
+    def range(size: int, order: int, kind: RangeKind = RangeKind.LOOP) -> UOp:
+        return UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, size),), RangeArg(kind, order))
 
     def const_like(self, value: Any) -> UOp:
         return UOp.const(self.dtype, value)
@@ -383,7 +423,7 @@ def pretty(u: UOp, depth: int = 6) -> str:
     if u.op is Ops.CONST:
         return f"{u.arg!r}"
     if u.op is Ops.RANGE:
-        return f"r{u.arg.axis}"
+        return u.arg.name
     if u.op is Ops.AXIS:
         return f"ax{u.arg}"
     if u.op is Ops.BUFFER:

@@ -7,7 +7,7 @@ import math
 import weakref
 
 from ember.uop.dtypes import dtypes
-from ember.uop.ops import Ops, UOp, substitute
+from ember.uop.ops import Ops, RangeKind, UOp, substitute
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
 r0, r1, r2 = UOp.range(8, 0), UOp.range(4, 1), UOp.range(16, 2)
@@ -181,7 +181,7 @@ class TestInterning:
     def test_different_uops_are_different_objects(self):
         assert r0 + r1 is not r1 + r0
         assert index(1) is not UOp.const(dtypes.int32, 1)
-        assert UOp.range(8, 0, reduce=True) is not r0
+        assert UOp.range(8, 0, RangeKind.REDUCE) is not r0
 
     def test_constants_are_normalized_to_their_dtype(self):
         assert UOp.const(dtypes.float32, 1) is UOp.const(dtypes.float32, 1.0)

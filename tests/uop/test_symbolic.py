@@ -317,7 +317,7 @@ class TestDivMod:
 
 def assert_same_everywhere(expr: UOp) -> None:
     """simplify(expr) equals expr at every value of its ranges (and of a free variable, at -6..6)."""
-    ranges = sorted((u for u in expr.toposort if u.op is Ops.RANGE), key=lambda r: r.arg.axis)
+    ranges = sorted((u for u in expr.toposort if u.op is Ops.RANGE), key=lambda r: r.arg.nesting)
     simplified = simplify(expr)
     for values in itertools.product(*[range(r.vmax + 1) for r in ranges], range(-6, 7)):
         env = {**dict(zip(ranges, values[:-1], strict=True)), FREE: values[-1]}

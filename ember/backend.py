@@ -1,0 +1,64 @@
+"""What compile_graph asks of a backend: one object per kind of generated code (C++ or Triton).
+
+Note: backends
+    Lowering, scheduling, the shared codegen steps (codegen/phases.py), the IR spec and the
+    wrapper are one code path. A backend is what differs, declared in one object in the spirit
+    of tinygrad's Renderer, so compile_graph never branches on a backend's name:
+      - `capabilities`, the facts lowering may use: the ops its renderer cannot spell (a call
+        that would need one goes to aten, in one place: lower/graph.py) and whether its
+        reductions walk elements in eager's CPU order (so order-dependent results, var_mean's
+        mean of infinities, can be matched);
+      - `prepare`: rewrites of the lowered graph before scheduling (Triton: split reductions);
+      - `generate`: each kernel step through its codegen steps, renderer and compiler, giving
+        the wrapper's KernelBinary per step (which carries how the wrapper launches it).
+    The two instances are compile_cpp.CppBackend and compile_triton.TritonBackend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ember.config import Config
+from ember.debug.log import DebugDump
+from ember.ir import LoweredGraph
+from ember.schedule import KernelStep
+from ember.uop.ops import Ops
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What lowering may assume about the backend a graph's kernels go to (Note: backends)."""
+
+    unrenderable: frozenset[Ops] = frozenset()  # ops its renderer has no spelling for: calls go to aten
+    ordered_reductions: bool = True  # reductions fold elements in order, as eager's CPU kernels
+
+
+@dataclass
+class GeneratedKernels:
+    """Every kernel of a graph, generated and compiled: the wrapper's binaries by step index."""
+
+    binaries: dict = field(default_factory=dict)  # step index -> wrapper.python.KernelBinary
+    kernels: int = 0
+    reduce_loops: int = 0  # reduce loops the programs open (C++; ember.metrics.reduce_loops)
+    tiled_kernels: int = 0  # kernels with 2-D tiles (C++; ember.metrics.tiled_kernels)
+
+
+class Backend(Protocol):
+    name: str  # "cpp" | "triton": in debug dumps and error messages only
+    source_suffix: str  # of its kernels' source files in the debug dump
+    capabilities: Capabilities
+
+    def prepare(self, graph: LoweredGraph, lowering, config: Config) -> None:
+        """Rewrite the lowered graph before scheduling (in place)."""
+        ...
+
+    def generate(self, graph: LoweredGraph, steps: list, config: Config, debug: DebugDump,
+                 timings: dict[str, float]) -> GeneratedKernels:  # fmt: skip
+        """Codegen, render and compile every kernel step; time them as `codegen` and `runtime`."""
+        ...
+
+
+def has_work(step) -> bool:
+    """A kernel over empty buffers has nothing to do: the wrapper only allocates them."""
+    return isinstance(step, KernelStep) and any(c.buffer.layout.numel > 0 for c in step.group)

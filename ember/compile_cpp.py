@@ -1,0 +1,143 @@
+"""The C++ backend (Note: backends, backend.py): each kernel through the shared codegen steps
+plus loop lowering (codegen/phases.full_rewrite), the linearizer and renderer/cpp.py, then gcc
+while the next kernels are generated (Note: compiling while generating).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import ember
+from ember.backend import Capabilities, GeneratedKernels, has_work
+from ember.codegen.kernel import KernelAST, build_kernel_ast
+from ember.codegen.linearize import linearize
+from ember.codegen.phases import full_rewrite
+from ember.codegen.shared_loops import reduce_loop_count
+from ember.compile_search import compile_candidates, plan_search
+from ember.config import Config
+from ember.debug.log import DebugDump
+from ember.debug.progress import CompileProgress
+from ember.errors import EmberError, stage
+from ember.ir import LoweredGraph
+from ember.metrics import metrics
+from ember.renderer.common import RenderedKernel
+from ember.renderer.cpp import render
+from ember.runtime.cpu import CompiledKernel, compile_cpp, simd_math_functions
+from ember.schedule import KernelStep, graph_last_uses
+from ember.wrapper.python import KernelBinary
+
+
+class CppBackend:
+    """C++ kernels with OpenMP loops, compiled by gcc and called through ctypes."""
+
+    name = "cpp"
+    source_suffix = "cpp"
+    capabilities = Capabilities()
+
+    def prepare(self, graph: LoweredGraph, lowering, config: Config) -> None:
+        """Nothing: OpenMP already splits long reductions over threads (renderer/cpp.py)."""
+
+    def generate(self, graph: LoweredGraph, steps: list, config: Config, debug: DebugDump,
+                 timings: dict[str, float]) -> GeneratedKernels:  # fmt: skip
+        progress: CompileProgress | None = getattr(timings, "progress", None)
+        with KernelBuilder(config, progress) as builder:
+            with stage("codegen", timings):
+                dying = [{n: graph.buffers[n] for n in names} for names in graph_last_uses(graph, steps)]
+            rendered = {}
+            if progress is not None:
+                progress.kernels(total=sum(1 for s in steps if has_work(s)))
+            for i, step in enumerate(steps):
+                if has_work(step):
+                    with stage("codegen", timings):
+                        rendered[i] = codegen_kernel(step, config, dying[i], timings)
+                    builder.submit(rendered[i][0])
+                    if progress is not None:
+                        progress.kernels(generated=1)
+            with stage("runtime", timings):  # what is left of gcc once every kernel is rendered
+                binaries = builder.binaries(rendered)
+        for kernel, _ in rendered.values():
+            debug.write(f"kernels/{kernel.name}.{self.source_suffix}", kernel.source)
+        if config.kernel_search:
+            binaries = compile_candidates(binaries, rendered, config, debug)
+        return GeneratedKernels(
+            binaries, len(rendered), sum(kernel.reduce_loops for kernel, _ in rendered.values()),
+            sum(kernel.tiled for kernel, _ in rendered.values()),
+        )  # fmt: skip
+
+
+def codegen_kernel(
+    step: KernelStep, config: Config, dying: dict | None = None, timings: dict[str, float] | None = None
+) -> tuple[RenderedKernel, KernelAST]:
+    """One kernel: AST, rewrite phases, linearize, render. Names the op when it fails.
+    `dying`: the buffers whose last use is this kernel (it may write over one of them).
+    `timings` gets the rendering's share under "render" (it is part of "codegen")."""
+    try:
+        ast = build_kernel_ast(step.group, step.stored, dying, step.alignment, step.bodies)
+        sink = full_rewrite(ast.sink, check=config.check_ir)
+        program = linearize(sink)
+        name = f"kernel_{sink.key[:16]}"
+        start = time.perf_counter()
+        kernel = render(name, program, ast.outputs, config.parallel_threshold, simd_math_functions())
+        kernel.reduce_loops = reduce_loop_count(program)
+        if timings is not None:
+            timings["render"] = timings.get("render", 0.0) + time.perf_counter() - start
+        if config.kernel_search:
+            kernel.search = plan_search(program, kernel, lambda c: render(
+                name, program, ast.outputs, config.parallel_threshold, simd_math_functions(), c).source)  # fmt: skip
+        return kernel, ast
+    except Exception as e:
+        origins = ", ".join(o for c in step.group for o in c.origins)
+        raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e
+
+
+class KernelBuilder:
+    """gcc for each rendered kernel, started as soon as it is submitted.
+
+    Note: compiling while generating
+        Code generation is Python (one core, the GIL); gcc runs in subprocesses. Submitting each
+        kernel to a thread pool as soon as it is rendered lets gcc work on the other cores while
+        the next kernels are generated, instead of waiting for all of them. Each compile is a
+        subprocess, so threads are enough; identical sources are compiled once. The pool has one
+        thread per usable core (`config.compile_threads`), so a cold compile does not start more
+        gcc processes than the machine runs at once.
+    """
+
+    def __init__(self, config: Config, progress: CompileProgress | None = None):
+        self.config = config
+        self.progress = progress
+        self.pool = ThreadPoolExecutor(max_workers=compile_workers(config.compile_threads))
+        self.futures: dict[str, Future[CompiledKernel]] = {}  # source -> its compile
+
+    def __enter__(self) -> KernelBuilder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def submit(self, kernel: RenderedKernel) -> None:
+        if kernel.source not in self.futures:
+            cache_dir, cxx = Path(self.config.cache_dir), self.config.cxx
+            self.futures[kernel.source] = self.pool.submit(
+                compile_cpp, kernel.source, kernel.name, cache_dir, cxx, ember.__version__
+            )
+            if (progress := self.progress) is not None:
+                self.futures[kernel.source].add_done_callback(lambda _: progress.kernels(compiled=1))
+
+    def binaries(self, rendered: dict[int, tuple[RenderedKernel, KernelAST]]) -> dict[int, KernelBinary]:
+        binaries = {}
+        for i, (kernel, ast) in rendered.items():
+            result = self.futures[kernel.source].result()
+            metrics.add(code_cache_hits=result.cache_hit, code_cache_misses=not result.cache_hit)
+            # identical kernels share one loaded function: the symbol is a content hash
+            errors = tuple((e.error, e.message) for e in kernel.errors)
+            binaries[i] = KernelBinary(result.symbol, result.relative, result.symbol, ast.params, errors, ast.inplace,
+                                       sha256=result.sha256)  # fmt: skip
+        return binaries
+
+
+def compile_workers(requested: int) -> int:
+    """`compile_threads`, or one per core this process may run on when it is 0."""
+    return requested if requested > 0 else max(1, len(os.sched_getaffinity(0)))

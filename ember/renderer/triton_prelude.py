@@ -1,0 +1,75 @@
+"""Stage `renderer` (GPU): the jit helpers every Triton kernel module starts with.
+
+NaN-propagating max/min/product reductions, bfloat16 conversions through the bits (Note:
+low-precision floats in Triton, renderer/triton.py), IEEE division and integer powers.
+"""
+
+PRELUDE = """\
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+
+@triton.jit
+def ember_max_combine(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def ember_min_combine(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def ember_mul_combine(a, b):
+    return a * b
+
+
+@triton.jit
+def ember_max(x, axis, keep_dims):
+    return tl.reduce(x, axis, ember_max_combine, keep_dims=keep_dims)
+
+
+@triton.jit
+def ember_min(x, axis, keep_dims):
+    return tl.reduce(x, axis, ember_min_combine, keep_dims=keep_dims)
+
+
+@triton.jit
+def ember_prod(x, axis, keep_dims):
+    return tl.reduce(x, axis, ember_mul_combine, keep_dims=keep_dims)
+
+
+@triton.jit
+def ember_bf16_to_f32(x):
+    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def ember_f32_to_bf16(x):
+    # round to nearest even on the dropped bits; any NaN -> 0x7FC0 (as eager)
+    u = x.to(tl.uint32, bitcast=True)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    bits = tl.where((u & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, rounded)
+    return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def ember_div_rn(a, b):
+    a, b = tl.broadcast(a, b)
+    return tl.div_rn(a, b)
+
+
+@triton.jit
+def ember_ipow(a, b):
+    # integer power by squaring, wrapping as eager; negative exponents as the CPU's ember_ipow
+    result = a * 0 + 1
+    base = a
+    e = b
+    for _ in tl.static_range(64):
+        result = tl.where((e & 1) != 0, result * base, result)
+        base = base * base
+        e = e >> 1
+    negative = tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0))
+    return tl.where(b < 0, negative, result)
+"""
