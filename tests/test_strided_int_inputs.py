@@ -33,36 +33,44 @@ def strided_variants(t: torch.Tensor) -> dict[str, torch.Tensor]:
     return {k: v for k, v in found.items() if v is not None}
 
 
+def on(like: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """`t` on the device of `like` (a constant of the function under test)."""
+    return t.to(like.device)
+
+
 def index_of(bound: int, *shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, bound, shape, generator=torch.Generator().manual_seed(seed))
 
 
-CASES = {
-    "embedding": (lambda i: F.embedding(i, W) * 2, index_of(10, 8)),
-    "embedding_2d": (lambda i: F.embedding(i, W) * 2, index_of(10, 3, 4)),
-    "embedding_bag_sum": (lambda i: F.embedding_bag(i, W, OFFSETS, mode="sum"), index_of(10, 8)),
-    "embedding_bag_mean": (lambda i: F.embedding_bag(i, W, OFFSETS, mode="mean"), index_of(10, 8)),
-    "embedding_bag_max": (lambda i: F.embedding_bag(i, W, OFFSETS, mode="max"), index_of(10, 8)),
-    "embedding_bag_offsets": (lambda o: F.embedding_bag(torch.arange(8) % 10, W, o, mode="sum"), OFFSETS),
-    "embedding_bag_2d": (lambda i: F.embedding_bag(i, W, mode="sum"), index_of(10, 3, 4)),
-    "gather": (lambda i: torch.gather(X, 1, i) + 1, index_of(6, 5, 3)),
-    "index_select": (lambda i: X.index_select(1, i) + 1, index_of(6, 8)),
-    "take": (lambda i: torch.take(X, i) + 1, index_of(30, 8)),
-    "index": (lambda i: X[i] + 1, index_of(5, 8)),
-    "index_put": (lambda i: X.index_put((i,), torch.ones(8, 6), accumulate=True), index_of(5, 8)),
-    "scatter_add": (lambda i: torch.zeros(5, 6).scatter_add(1, i, torch.ones(5, 3)), index_of(6, 5, 3)),
-    "scatter": (lambda i: torch.zeros(5, 6).scatter(1, i, 2.0), index_of(6, 5, 3)),
-    "index_add": (lambda i: X.index_add(0, i, torch.ones(8, 6)), index_of(5, 8)),
-    "index_fill": (lambda i: X.index_fill(0, i, 3.0), index_of(5, 4)),
-    "put": (lambda i: X.put(i, torch.ones(8), accumulate=True), index_of(30, 8)),
+CASES = {  # each builds its other tensors on its input's device (check runs it on the test device)
+    "embedding": (lambda i: F.embedding(i, on(i, W)) * 2, index_of(10, 8)),
+    "embedding_2d": (lambda i: F.embedding(i, on(i, W)) * 2, index_of(10, 3, 4)),
+    "embedding_bag_sum": (lambda i: F.embedding_bag(i, on(i, W), on(i, OFFSETS), mode="sum"), index_of(10, 8)),
+    "embedding_bag_mean": (lambda i: F.embedding_bag(i, on(i, W), on(i, OFFSETS), mode="mean"), index_of(10, 8)),
+    "embedding_bag_max": (lambda i: F.embedding_bag(i, on(i, W), on(i, OFFSETS), mode="max"), index_of(10, 8)),
+    "embedding_bag_offsets": (
+        lambda o: F.embedding_bag(torch.arange(8, device=o.device) % 10, on(o, W), o, mode="sum"),
+        OFFSETS,
+    ),
+    "embedding_bag_2d": (lambda i: F.embedding_bag(i, on(i, W), mode="sum"), index_of(10, 3, 4)),
+    "gather": (lambda i: torch.gather(on(i, X), 1, i) + 1, index_of(6, 5, 3)),
+    "index_select": (lambda i: on(i, X).index_select(1, i) + 1, index_of(6, 8)),
+    "take": (lambda i: torch.take(on(i, X), i) + 1, index_of(30, 8)),
+    "index": (lambda i: on(i, X)[i] + 1, index_of(5, 8)),
+    "index_put": (lambda i: on(i, X).index_put((i,), on(i, torch.ones(8, 6)), accumulate=True), index_of(5, 8)),
+    "scatter_add": (lambda i: on(i, torch.zeros(5, 6)).scatter_add(1, i, on(i, torch.ones(5, 3))), index_of(6, 5, 3)),
+    "scatter": (lambda i: on(i, torch.zeros(5, 6)).scatter(1, i, 2.0), index_of(6, 5, 3)),
+    "index_add": (lambda i: on(i, X).index_add(0, i, on(i, torch.ones(8, 6))), index_of(5, 8)),
+    "index_fill": (lambda i: on(i, X).index_fill(0, i, 3.0), index_of(5, 4)),
+    "put": (lambda i: on(i, X).put(i, on(i, torch.ones(8)), accumulate=True), index_of(30, 8)),
     "bincount": (lambda i: torch.bincount(i, minlength=10), index_of(10, 8)),
     "one_hot": (lambda i: F.one_hot(i, 10) * 2, index_of(10, 8)),
-    "nll_loss": (lambda t: F.nll_loss(F.log_softmax(data((8, 10)), 1), t), index_of(10, 8)),
-    "cross_entropy": (lambda t: F.cross_entropy(data((8, 10)), t, reduction="none"), index_of(10, 8)),
-    "searchsorted": (lambda v: torch.searchsorted(torch.arange(0, 20, 2), v), index_of(20, 8)),
+    "nll_loss": (lambda t: F.nll_loss(F.log_softmax(on(t, data((8, 10))), 1), t), index_of(10, 8)),
+    "cross_entropy": (lambda t: F.cross_entropy(on(t, data((8, 10))), t, reduction="none"), index_of(10, 8)),
+    "searchsorted": (lambda v: torch.searchsorted(torch.arange(0, 20, 2, device=v.device), v), index_of(20, 8)),
     "cumsum": (lambda i: i.cumsum(0) + i.sum(), index_of(10, 8)),
     "sort": (lambda i: torch.sort(i).values * 2, index_of(10, 8)),
-    "constant_index": (lambda i: F.embedding(i, W), torch.full((6,), 7)),
+    "constant_index": (lambda i: F.embedding(i, on(i, W)), torch.full((6,), 7)),
 }
 PARAMS = [(name, variant) for name, (_, base) in CASES.items() for variant in strided_variants(base)]
 

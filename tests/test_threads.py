@@ -83,6 +83,9 @@ def test_errors_stay_with_their_calls_under_stress():
     bad[300] = 64
     fn = compile_fn(embed_twice)
     want = embed_twice(weight, good)
+    # compiled before the threads: dynamo's tracing sets a process-wide FX flag, and a thread
+    # calling any compiled function meanwhile gets torch's "FX to symbolically trace" error
+    torch.testing.assert_close(fn(weight, good), want)
     wrong = []
 
     def worker(i):
@@ -130,10 +133,9 @@ def stand_in_launcher(monkeypatch):
 
     runs: list = []
     module = type("StandInModule", (), {"k_pointwise": StandInJit(runs)})
-    monkeypatch.setattr(triton_runtime, "import_module", lambda path, interpret: module)
     monkeypatch.setattr(triton_runtime, "torch_cuda_current_device", lambda: 0)
     monkeypatch.setattr(triton_runtime, "raw_stream", lambda device: 0)
-    launcher = triton_runtime.TritonLauncher("k.py", "k", ["pointwise"], 4096, 0, [0], interpret=False,
+    launcher = triton_runtime.TritonLauncher(module, "k", ["pointwise"], 4096, 0, [0], interpret=False,
                                              autotune=False)  # fmt: skip
     return launcher, runs
 

@@ -180,7 +180,7 @@ def _repeated_loops(step: IndexedStore, loop_vars: list[UOp], index: UOp, value:
         return ()
     loops = {u for v in loop_vars for u in v.toposort if u.op is Ops.RANGE}
     used = graph_rewrite(index, pm_symbolic).ranges | graph_rewrite(value, pm_symbolic).ranges  # x*0 varies not
-    return tuple(sorted(loops - used, key=lambda r: r.arg.axis))
+    return tuple(sorted(loops - used, key=lambda r: r.arg.nesting))
 
 
 OWNER_CHUNK = 16

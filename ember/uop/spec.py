@@ -133,8 +133,11 @@ def _load(u: UOp) -> str | None:
 
 
 def _store(u: UOp) -> str | None:
-    if len(u.src) != 2 or u.src[0].op is not Ops.INDEX:
+    if len(u.src) < 2 or u.src[0].op is not Ops.INDEX:
         return "sources must be (INDEX, value)"
+    # an accumulating scatter also takes the loops it repeats over (codegen/kernel.py _repeated_loops)
+    if len(u.src) > 2 and not (isinstance(u.arg, ScatterArg) and all(s.op is Ops.RANGE for s in u.src[2:])):
+        return "sources past (INDEX, value) must be RANGEs of an accumulating scatter"
     if u.dtype is not dtypes.void or not (u.arg is None or isinstance(u.arg, ScatterArg)):
         return "must be void, arg None or ScatterArg"
     return None if u.src[1].dtype is u.src[0].dtype else f"stores {u.src[1].dtype.name} into {u.src[0].dtype.name}"
