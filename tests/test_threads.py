@@ -86,10 +86,19 @@ def test_errors_stay_with_their_calls_under_stress():
     # compiled before the threads: dynamo's tracing sets a process-wide FX flag, and a thread
     # calling any compiled function meanwhile gets torch's "FX to symbolically trace" error
     torch.testing.assert_close(fn(weight, good), want)
+    wrong = wrong_outcomes(fn, weight, good, bad, want, calls=150)
+    assert not wrong, f"{len(wrong)} wrong outcomes, e.g. {wrong[:3]}"
+
+
+def wrong_outcomes(fn, weight, good, bad, want, calls: int, start: threading.Barrier | None = None) -> list:
+    """Four threads call `fn` `calls` times each, thread 3 with the bad indices: the calls that
+    returned rows where they should raise, or raised where they should return `want`."""
     wrong = []
 
     def worker(i):
-        for _ in range(150):
+        if start is not None:
+            start.wait()
+        for _ in range(calls):
             try:
                 got = fn(weight, bad if i == 3 else good)
                 if i == 3 or not torch.equal(got, want):
@@ -99,7 +108,7 @@ def test_errors_stay_with_their_calls_under_stress():
                     wrong.append((i, "IndexError"))
 
     run_threads(worker, 4)
-    assert not wrong, f"{len(wrong)} wrong outcomes, e.g. {wrong[:3]}"
+    return wrong
 
 
 # ---- the Triton launcher (a stand-in module: the fast launch path runs only on a GPU) -------
@@ -285,18 +294,5 @@ def test_gpu_calls_racing_first_launches_and_errors():
     bad[5000] = 4096
     fn = compile_fn(embed_twice)
     want = embed_twice(weight, good)
-    start, wrong = threading.Barrier(4, timeout=300), []
-
-    def worker(i):
-        start.wait()
-        for _ in range(50):
-            try:
-                got = fn(weight, bad if i == 3 else good)
-                if i == 3 or not torch.equal(got, want):
-                    wrong.append((i, "rows"))
-            except IndexError:
-                if i != 3:
-                    wrong.append((i, "IndexError"))
-
-    run_threads(worker, 4)
+    wrong = wrong_outcomes(fn, weight, good, bad, want, calls=50, start=threading.Barrier(4, timeout=300))
     assert not wrong, f"{len(wrong)} wrong outcomes, e.g. {wrong[:3]}"
