@@ -4,10 +4,11 @@ Note: backends
     Lowering, scheduling, the shared codegen steps (codegen/phases.py), the IR spec and the
     wrapper are one code path. A backend is what differs, declared in one object in the spirit
     of tinygrad's Renderer, so compile_graph never branches on a backend's name:
-      - `capabilities`, the facts lowering may use: the ops its renderer cannot spell (a call
-        that would need one goes to aten, in one place: lower/graph.py) and whether its
-        reductions walk elements in eager's CPU order (so order-dependent results, var_mean's
-        mean of infinities, can be matched);
+      - `capabilities`, the facts lowering and codegen may use: the ops its renderer cannot
+        spell (a call that would need one goes to aten, in one place: lower/graph.py), whether
+        its reductions walk elements in eager's CPU order (so order-dependent results, var_mean's
+        mean of infinities, can be matched) and, for a block backend, what a block can hold
+        (codegen/blocks.py decides block variants and index width from it);
       - `prepare`: rewrites of the lowered graph before scheduling (Triton: split reductions);
       - `generate`: each kernel step through its codegen steps, renderer and compiler, giving
         the wrapper's KernelBinary per step (which carries how the wrapper launches it).
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ember.codegen.blocks import BlockLimits
 from ember.config import Config
 from ember.debug.log import DebugDump
 from ember.ir import LoweredGraph
@@ -32,6 +34,7 @@ class Capabilities:
 
     unrenderable: frozenset[Ops] = frozenset()  # ops its renderer has no spelling for: calls go to aten
     ordered_reductions: bool = True  # reductions fold elements in order, as eager's CPU kernels
+    blocks: BlockLimits | None = None  # a block backend's limits (codegen/blocks.py decides from them); None: loops
 
 
 @dataclass

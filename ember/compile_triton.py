@@ -1,5 +1,6 @@
 """The Triton backend (Note: backends, backend.py): each kernel through the shared codegen steps
-(codegen/phases.block_rewrite: REDUCE and SCAN stay, for block reductions), renderer/triton.py,
+(codegen/phases.block_rewrite: REDUCE and SCAN stay, for block reductions), a block plan
+(codegen/blocks.py: from the limits the backend declares), renderer/triton.py,
 and a module in the cache that Triton compiles at its first launch.
 
 compile_graph picks the backend per graph from its inputs' device (`backend_for`): CUDA inputs
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import ember
 from ember.backend import Capabilities, GeneratedKernels, has_work
+from ember.codegen.blocks import BlockLimits, plan_blocks
 from ember.codegen.kernel import build_kernel_ast
 from ember.codegen.phases import block_rewrite
 from ember.config import Config
@@ -36,7 +38,7 @@ class TritonBackend:
     name = "triton"
     source_suffix = "py"
     # block reductions combine in a tree, not in eager's CPU order
-    capabilities = Capabilities(unrenderable=UNRENDERABLE, ordered_reductions=False)
+    capabilities = Capabilities(unrenderable=UNRENDERABLE, ordered_reductions=False, blocks=BlockLimits())
 
     def __init__(self, interpret: bool):
         self.interpret = interpret
@@ -49,7 +51,9 @@ class TritonBackend:
     def generate(self, graph: LoweredGraph, steps: list, config: Config, debug: DebugDump,
                  timings: dict[str, float]) -> GeneratedKernels:  # fmt: skip
         with stage("codegen", timings):
-            rendered = {i: codegen_triton_kernel(s, config.check_ir) for i, s in enumerate(steps) if has_work(s)}
+            limits = self.capabilities.blocks or BlockLimits()
+            rendered = {i: codegen_triton_kernel(s, limits, config.check_ir)
+                        for i, s in enumerate(steps) if has_work(s)}  # fmt: skip
         with stage("runtime", timings):
             binaries = compile_triton_kernels(rendered, config, self.interpret)
         for kernel, _ in rendered.values():
@@ -57,14 +61,16 @@ class TritonBackend:
         return GeneratedKernels(binaries, len(rendered))
 
 
-def codegen_triton_kernel(step: KernelStep, check_ir: bool = False) -> tuple[RenderedKernel, tuple[str, ...]]:
-    """One kernel: AST, block rewrite phases, render. Names the op when it fails."""
+def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool = False
+                          ) -> tuple[RenderedKernel, tuple[str, ...]]:  # fmt: skip
+    """One kernel: AST, block rewrite phases, block plan (codegen/blocks.py), render. Names the op
+    when it fails."""
     try:
         ast = build_kernel_ast(step.group, step.stored, None, step.alignment, step.bodies)
         sink = block_rewrite(ast.sink, check_ir)
         name = f"triton_{sink.key[:16]}"
         scalars = frozenset(f"p{i}" for i, buffer in enumerate(ast.params) if buffer == SEED_BUFFER)
-        return render_triton(name, sink, ast.outputs, scalars), ast.params
+        return render_triton(name, sink, plan_blocks(sink, limits), ast.outputs, scalars), ast.params
     except Exception as e:
         origins = ", ".join(o for c in step.group for o in c.origins)
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from ember.codegen.lanes import MAX_LANES, innermost_loop, lane_copy, lane_range
 from ember.codegen.low_precision import pm_low_precision
+from ember.codegen.primitives import primitive_ops
 from ember.codegen.shared_loops import merge_identical_reductions, share_reduce_loops
 from ember.codegen.tiling import tile_loops
 from ember.uop.dtypes import dtypes
@@ -86,10 +87,11 @@ def loop_steps(max_lanes: int = MAX_LANES) -> list[Step]:
 
 def late_steps(stage: Stage) -> list[Step]:
     """Every backend's last steps: integer division checked, what earlier steps exposed folded,
-    ranges numbered for reading."""
+    casts, integer division and shifts in primitive ops, ranges numbered for reading."""
     return [
         Step("check_integer_division", check_integer_division, stage),
         Step("symbolic_and_checks", lambda s: graph_rewrite(s, pm_symbolic + pm_checks), stage),
+        Step("primitive_ops", primitive_ops, stage),  # Note: semantics written once
         Step("number_ranges", number_ranges, stage),
     ]
 

@@ -1,8 +1,9 @@
 """Stage `renderer`: a linearized kernel -> C++ source (no ATen headers; compiles fast).
 
 A renderer is a table from ops to C++ expressions plus what is specific to C++: types,
-literals, loops and OpenMP. Semantics that C lacks (NaN-propagating max, safe integer
-division, integer powers, shifts past the width) come from the small prelude below.
+literals, loops and OpenMP. Semantics that C lacks (NaN-propagating max, integer powers) come
+from the small prelude below; safe integer division, shifts past the width and casts are
+rewritten into plain ops before rendering (Note: semantics written once, codegen/primitives.py).
 
 Note: kernel errors
     A kernel with CHECKs takes one more parameter, `int32_t* ember_error`; a failed check
@@ -31,7 +32,7 @@ from ember.renderer.choices import (
 from ember.renderer.common import RenderedKernel, kernel_errors, kernel_params
 from ember.renderer.tiles import loop_lines
 from ember.renderer.vector_math import vector_math_call, vector_math_prelude
-from ember.uop.dtypes import DType, bits_of, dtypes
+from ember.uop.dtypes import LOW_PRECISION, DType, bits_of, dtypes
 from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp
 
 # No FMA contraction (-ffp-contract=off in runtime/cpu.py): eager rounds a product and a sum
@@ -40,11 +41,6 @@ from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp
 PRELUDE = r"""#include <cstdint>
 template <typename T> static inline T ember_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
 template <typename T> static inline T ember_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
-// Integer division by zero gives 0 here, never a crash; a CHECK reports it (Note: kernel errors).
-template <typename T> static inline T ember_idiv(T a, T b) {
-  return b == 0 ? 0 : (b == -1 ? (T)(0 - (uint64_t)a) : a / b);
-}
-template <typename T> static inline T ember_mod(T a, T b) { return (b == 0 || b == -1) ? 0 : a % b; }
 template <typename T> static inline T ember_ipow(T a, T b) {
   if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
   T r = 1; while (b) { if (b & 1) r = (T)((uint64_t)r * (uint64_t)a); a = (T)((uint64_t)a * (uint64_t)a); b >>= 1; }
@@ -65,12 +61,6 @@ template <typename T, typename F> static inline void ember_update(T* p, T v, F c
 template <typename T> static inline T ember_logaddexp(T a, T b) {
   T hi = a > b ? a : b, lo = a > b ? b : a;
   return (hi == lo && hi - lo != 0) ? hi : hi + __builtin_log1p(__builtin_exp(lo - hi));
-}
-template <typename T, typename S> static inline T ember_shl(T a, S b) {
-  return (b < 0 || b >= (S)(8 * sizeof(T))) ? 0 : (T)((uint64_t)a << b);
-}
-template <typename T, typename S> static inline T ember_shr(T a, S b) {
-  return (b < 0 || b >= (S)(8 * sizeof(T))) ? (a < 0 ? -1 : 0) : (T)(a >> b);
 }
 """
 
@@ -95,8 +85,8 @@ PHILOX = r"""template <int W> static inline uint32_t ember_philox(uint64_t seed,
 """
 # Note: low-precision floats (uop/dtypes.py). float16/bfloat16 are uint16_t bits; these exact,
 # branch-free conversions (selects, no tables) vectorize on any x86-64 (gcc 12's _Float16 casts
-# vectorize only with AVX512-FP16; it has no __bf16 casts). Both round to nearest even, as eager.
-# bfloat16: the top half of a float32, rounded to nearest-even on the dropped bits; NaN -> 0x7FC0.
+# vectorize only with AVX512-FP16). They round to nearest even, as eager. (bfloat16 converts in
+# UOps shared by every backend: Note: semantics written once, codegen/primitives.py.)
 # float16 (IEEE binary16: sign, 5 exponent bits with bias 15, 10 fraction bits):
 #   to float32: exponent and fraction moved under float32's (bits 13..30) read as a float32 are
 #     the half's value times 2^-112 (bias 127 against 15) for every finite half, a subnormal half
@@ -110,12 +100,6 @@ PHILOX = r"""template <int W> static inline uint32_t ember_philox(uint64_t seed,
 # 65536 halves, every rounding tie, and random float32 bit patterns against eager.
 LOW_PRECISION_PRELUDE = r"""static inline float ember_bits_f32(uint32_t u) { return __builtin_bit_cast(float, u); }
 static inline uint32_t ember_f32_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
-static inline float ember_bf16_to_f32(uint16_t h) { return ember_bits_f32((uint32_t)h << 16); }
-static inline uint16_t ember_f32_to_bf16(float f) {
-  uint32_t u = ember_f32_bits(f);
-  uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  return (u & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)0x7FC0u : (uint16_t)rounded;
-}
 static inline float ember_f16_to_f32(uint16_t h) {
   uint32_t magnitude = ((uint32_t)h & 0x7FFFu) << 13, sign = ((uint32_t)h & 0x8000u) << 16;
   uint32_t finite = ember_f32_bits(ember_bits_f32(magnitude) * 0x1p112f);
@@ -131,23 +115,15 @@ static inline uint16_t ember_f32_to_f16(float f) {
   return (uint16_t)(sign | (magnitude > 0x7F800000u ? 0x7E00u : half));
 }
 """
-LOW_PRECISION_NAMES = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
 
 
 def render_cast(x: str, source: DType, target: DType) -> str:
-    """A conversion as eager's: every conversion from or to float16/bfloat16 goes through
-    float32 (eager converts a double or an integer to float first, then rounds that). A bool
-    becomes a float through a select: gcc 12 does not vectorize a loop converting a bool."""
-    if source.is_bool and target in (dtypes.float32, dtypes.float64):
-        return f"({x} ? {render_const(1.0, target)} : {render_const(0.0, target)})"
-    if source.is_bool and target in LOW_PRECISION_NAMES:
-        x, source = f"({x} ? 1.0f : 0.0f)", dtypes.float32
-    if source in LOW_PRECISION_NAMES:
-        x = f"ember_{LOW_PRECISION_NAMES[source]}_to_f32({x})"
-        source = dtypes.float32
-    if target in LOW_PRECISION_NAMES:
-        widened = x if source is dtypes.float32 else f"static_cast<float>({x})"
-        return f"ember_f32_to_{LOW_PRECISION_NAMES[target]}({widened})"
+    """A conversion C++ does as eager (codegen/primitives.py leaves no other: Note: semantics
+    written once); float16 converts to and from float32 through the exact helpers above."""
+    if source is dtypes.float16:
+        return f"ember_f16_to_f32({x})"
+    if target is dtypes.float16:
+        return f"ember_f32_to_f16({x})"
     return x if source is target else f"static_cast<{target.ctype}>({x})"
 
 
@@ -192,10 +168,8 @@ def _binary_call(u: UOp, a: str, b: str) -> str:
     operand = u.src[0].dtype
     if u.op in (Ops.ADD, Ops.SUB, Ops.MUL) and (unsigned := _wraps(operand)) is not None:
         return f"(({operand.ctype})(({unsigned}){a} {INFIX[u.op]} ({unsigned}){b}))"
-    if u.op is Ops.IDIV:
-        return f"({a} / {b})" if operand is dtypes.index else f"ember_idiv<{operand.ctype}>({a}, {b})"
-    if u.op is Ops.MOD:
-        return f"({a} % {b})" if operand is dtypes.index else f"ember_mod<{operand.ctype}>({a}, {b})"
+    if u.op in (Ops.IDIV, Ops.MOD):  # divisors never 0 or -1 (Note: semantics written once)
+        return f"({a} {'/' if u.op is Ops.IDIV else '%'} {b})"
     if u.op is Ops.FMOD:
         return f"{libm('fmod', operand)}({a}, {b})"
     if u.op in (Ops.MAX, Ops.MIN):
@@ -206,8 +180,10 @@ def _binary_call(u: UOp, a: str, b: str) -> str:
         return f"{libm('atan2', operand)}({a}, {b})"
     if u.op in MATH_CALLS:
         return f"{libm(MATH_CALLS[u.op], operand)}({a}, {b})"
+    if u.op is Ops.SHL and (unsigned := _wraps(operand)) is not None:  # amounts within the width
+        return f"(({operand.ctype})(({unsigned}){a} << {b}))"  # a signed shift overflows, an unsigned one wraps
     if u.op in (Ops.SHL, Ops.SHR):
-        return f"ember_{u.op.name.lower()}<{operand.ctype}>({a}, {b})"
+        return f"({a} {'<<' if u.op is Ops.SHL else '>>'} {b})"
     return f"({a} {INFIX[u.op]} {b})"
 
 
@@ -261,7 +237,7 @@ def cos_alias_declarations(code: str, simd_math: tuple[tuple[str, int], ...]) ->
 def render_const(value: int | float | bool, dtype: DType) -> str:
     if dtype.is_bool:
         return "true" if value else "false"
-    if dtype in LOW_PRECISION_NAMES:  # the bits of the value it rounds to
+    if dtype in LOW_PRECISION:  # the bits of the value it rounds to
         return f"((uint16_t){bits_of(dtype, value):#06x})"
     if dtype.is_float:
         suffix = "f" if dtype is dtypes.float32 else ""
@@ -290,7 +266,7 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
     declarations = reduction_declarations(program)
     if any(u.op is Ops.PHILOX for u in program):
         declarations += PHILOX
-    if any(u.dtype in LOW_PRECISION_NAMES for u in program):
+    if any(u.dtype is dtypes.float16 for u in program):
         declarations = LOW_PRECISION_PRELUDE + declarations
     declarations += vector_math_prelude(program)
     code = declarations + body  # every call the kernel makes, through helpers too

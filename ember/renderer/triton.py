@@ -47,12 +47,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ember.codegen.blocks import KernelShape, elements
 from ember.renderer.triton_math import render_math
 from ember.renderer.triton_scatter import ScatterStore, scatter_store_lines
 from ember.uop.dtypes import DType, bits_of, dtypes
 from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp, reduce_identity
-
-PERSISTENT_LIMIT = 16384  # the largest row a persistent variant keeps in one block
 
 TL_TYPES = {
     "bool": "tl.int1", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32", "int64": "tl.int64",
@@ -70,9 +69,12 @@ def tl_type(dtype: DType) -> str:
 
 # ---- the op table ------------------------------------------------------------------------
 
+# IDIV and MOD truncate, as C; their divisors are never 0 or -1 and shift amounts are within the
+# width: codegen/primitives.py guards them (Note: semantics written once).
 INFIX = {
     Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.CMPLT: "<", Ops.CMPLE: "<=", Ops.CMPEQ: "==",
-    Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^",
+    Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.IDIV: "//", Ops.MOD: "%", Ops.SHL: "<<",
+    Ops.SHR: ">>",
 }  # fmt: skip
 
 # tl.math where Triton has the function; libdevice (CUDA's libm; a numpy shim under the
@@ -89,27 +91,13 @@ UNARY_CALLS = {
 # Note: low-precision floats in Triton
 #     As in C++ kernels (codegen/low_precision.py), float16/bfloat16 values are only loaded,
 #     stored, selected, cast and constants: every op computes in float32 and rounds back.
-#     Pointers and loaded values have the native types. float16 converts natively (correctly
-#     rounded both on the GPU, cvt.rn, and in the interpreter, numpy). bfloat16 converts
-#     through its bits (ember_bf16_to_f32 / ember_f32_to_bf16, the C++ prelude's formulas:
-#     round to nearest even, NaN -> 0x7FC0 as eager), and its constants are bits too: the
-#     interpreter keeps bfloat16 as uint16 and its own float conversion truncates, so the bit
-#     formulas are what runs the same, and right, under the interpreter and on the GPU.
-#     Conversions from float64 or integers to 16 bits go through float32, as eager's do.
+#     Pointers and loaded values have the native types. float16 converts natively to and from
+#     float32 (correctly rounded both on the GPU, cvt.rn, and in the interpreter, numpy).
+#     bfloat16 converts through its bits, in UOps every backend shares (Note: semantics written
+#     once, codegen/primitives.py), and its constants are bits too: the interpreter keeps
+#     bfloat16 as uint16 and its own float conversion truncates, so the bit formulas are what
+#     runs the same, and right, under the interpreter and on the GPU.
 LOW_PRECISION = (dtypes.float16, dtypes.bfloat16)
-
-
-def render_cast(x: str, source: DType, target: DType) -> str:
-    if source is dtypes.bfloat16:
-        x, source = f"ember_bf16_to_f32({x})", dtypes.float32
-    elif source is dtypes.float16:
-        x, source = f"{x}.to(tl.float32)", dtypes.float32
-    if target in LOW_PRECISION:
-        x = x if source is dtypes.float32 else f"{x}.to(tl.float32)"
-        return f"ember_f32_to_bf16({x})" if target is dtypes.bfloat16 else f"{x}.to(tl.float16)"
-    if target.is_bool:
-        return f"({x} != 0)"
-    return x if source is target else f"{x}.to({tl_type(target)})"
 
 
 def render_full(shape: str, value, dtype: DType) -> str:
@@ -140,15 +128,6 @@ def _binary(u: UOp, a: str, b: str) -> str:
         return f"({a} {INFIX[u.op]} {b})"
     if u.op is Ops.FDIV:  # IEEE division, as eager (Triton's float32 `/` is approximate)
         return f"ember_div_rn({a}, {b})" if operand is dtypes.float32 else f"({a} / {b})"
-    if u.op in (Ops.IDIV, Ops.MOD):
-        symbol = "//" if u.op is Ops.IDIV else "%"
-        if operand is dtypes.index:
-            return f"({a} {symbol} {b})"
-        # Triton's // and % truncate as C does; a zero divisor gives 0 (a CHECK reports it),
-        # and -1 gives the wrapped negation (the CPU's ember_idiv).
-        safe = f"tl.where(({b} == 0) | ({b} == -1), 1, {b})"
-        special = f"(0 - {a})" if u.op is Ops.IDIV else "0"
-        return f"tl.where({b} == 0, 0, tl.where({b} == -1, {special}, {a} {symbol} {safe}))"
     if u.op is Ops.FMOD:
         return f"libdevice.fmod({a}, {b})"
     if u.op in (Ops.MAX, Ops.MIN):
@@ -159,12 +138,6 @@ def _binary(u: UOp, a: str, b: str) -> str:
         return f"libdevice.pow({a}, {b})" if operand.is_float else f"ember_ipow({a}, {b})"
     if u.op is Ops.ATAN2:
         return f"libdevice.atan2({a}, {b})"
-    if u.op in (Ops.SHL, Ops.SHR):
-        bits = 8 * operand.itemsize
-        out_of_range = f"(({b} < 0) | ({b} >= {bits}))"
-        if u.op is Ops.SHL:
-            return f"tl.where({out_of_range}, 0, {a} << tl.where({out_of_range}, 0, {b}))"
-        return f"tl.where({out_of_range}, tl.where({a} < 0, -1, 0), {a} >> tl.where({out_of_range}, 0, {b}))"
     raise NotImplementedError(f"Triton renderer: no rendering for {u.op.name}")
 
 
@@ -172,8 +145,8 @@ def _unary(u: UOp, x: str) -> str:
     source = u.src[0].dtype
     if u.op is Ops.BITCAST:
         return f"{x}.to({tl_type(u.dtype)}, bitcast=True)"
-    if u.op is Ops.CAST:
-        return render_cast(x, source, u.dtype)
+    if u.op is Ops.CAST:  # one Triton does as eager (Note: semantics written once leaves no other)
+        return x if source is u.dtype else f"{x}.to({tl_type(u.dtype)})"
     if u.op is Ops.NEG:  # Triton's unary minus is 0 - x, which loses the sign of zero
         return f"(0 - {x})" if not source.is_float else f"({x} * -1.0)"
     if u.op is Ops.NOT:
@@ -216,64 +189,6 @@ def combine_expr(combine: Ops, dtype: DType, a: str, b: str) -> str:
     fn = "tl.maximum" if combine is Ops.MAX else "tl.minimum"
     nan = ", propagate_nan=tl.PropagateNan.ALL" if dtype.is_float else ""
     return f"{fn}({a}, {b}{nan})"
-
-
-# ---- the kernel's shape ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KernelShape:
-    """Note: blocks for a kernel AST."""
-
-    outer: tuple[UOp, ...]  # loop ranges flattened onto x, outermost first
-    inner: tuple[UOp, ...]  # loop ranges of the final phase (empty for pointwise kernels)
-    reduces: tuple[UOp, ...]  # REDUCEs, sources before users
-    xnumel: int
-    rnumel: int  # the largest block phase's extent (0 for pointwise kernels)
-    scans: tuple[UOp, ...] = ()  # SCANs, over the one inner range (Note: scans on blocks, triton_scan.py)
-    sequential: frozenset[UOp] = frozenset()  # REDUCEs walked in a loop (Note: nested reductions)
-    chunked: frozenset[UOp] = frozenset()  # sequential REDUCEs walked XBLOCK elements at a time
-
-    @property
-    def xextent(self) -> int:
-        """The extent an x block covers: the x axis, or the elements a chunked loop walks."""
-        return max([self.xnumel] + [_numel(red.src[1:]) for red in self.chunked])
-
-    @property
-    def pointwise(self) -> bool:
-        return not self.reduces and not self.scans
-
-
-def kernel_shape(sink: UOp) -> KernelShape:
-    loops = sorted((u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce), key=lambda r: r.arg.nesting)
-    reduces = tuple(u for u in sink.toposort if u.op is Ops.REDUCE)
-    if not reduces:
-        return KernelShape(tuple(loops), (), (), _numel(loops), 0)
-    outer_set = frozenset().union(*(r.ranges for r in reduces))
-    nested_ranges = frozenset(r for r in outer_set if r.arg.reduce)  # e.g. the mean over rows of a row's logsumexp
-    sequential = frozenset(red for red in reduces if nested_ranges & set(red.src[1:]))
-    outer = tuple(r for r in loops if r in outer_set)
-    inner = tuple(r for r in loops if r not in outer_set)
-    blocked = [_numel(red.src[1:]) for red in reduces if red not in sequential]
-    extents = blocked + ([_numel(inner)] if inner else [])
-    # a sequential REDUCE that varies with nothing (a loss) uses the x lanes for its own elements
-    chunked = frozenset(red for red in sequential if not red.ranges)
-    return KernelShape(outer, inner, reduces, _numel(outer), max(extents, default=1), sequential=sequential,
-                       chunked=chunked)  # fmt: skip
-
-
-def _numel(ranges) -> int:
-    return math.prod(r.src[0].arg for r in ranges)
-
-
-def index_bits(sink: UOp, shape: KernelShape) -> int:
-    """32-bit index math when every index value and the padded block positions fit."""
-    limit = 2**31 - 1 - 2 * PERSISTENT_LIMIT
-    fits = shape.xnumel * 2 < limit and shape.rnumel * 2 < limit
-    for u in sink.toposort:
-        if u.dtype is dtypes.index and u.op is not Ops.CAST and (u.vmin < -limit or u.vmax > limit):
-            fits = False
-    return 32 if fits else 64
 
 
 # ---- rendering --------------------------------------------------------------------------
@@ -321,7 +236,6 @@ class Phase:
 
 class _Renderer:
     prelude = ""  # jit helpers this kind of kernel calls, beyond PRELUDE
-    persistent_limit = PERSISTENT_LIMIT
 
     def __init__(self, sink: UOp, shape: KernelShape, errors: list[CheckArg], persistent: bool, bits: int,
                  scalars: frozenset[str] = frozenset()):  # fmt: skip
@@ -356,7 +270,7 @@ class _Renderer:
         return top.lines
 
     def open_phase(self, ranges: tuple[UOp, ...], parent: Phase | None) -> Phase:
-        numel, outside = _numel(ranges), self.scope_of(parent)
+        numel, outside = elements(ranges), self.scope_of(parent)
         if self.persistent:
             # one flat scope: phases share rindex and their loads (Note: blocks)
             if "rbase" not in self.top.names:
@@ -371,7 +285,7 @@ class _Renderer:
     def open_loop(self, ranges: tuple[UOp, ...], parent: Phase | None, chunked: bool) -> Phase:
         """A sequential phase: a loop over `ranges`, one element (a scalar) or XBLOCK of them
         (a [XBLOCK, 1] block) at a time (Note: nested reductions)."""
-        outside, name, numel = self.scope_of(parent), f"e{self.counter}", _numel(ranges)
+        outside, name, numel = self.scope_of(parent), f"e{self.counter}", elements(ranges)
         self.counter += 1
         pad = outside.indent + "    "
         if chunked:
@@ -573,6 +487,6 @@ class _Renderer:
 def _decompose(index: str, ranges: tuple[UOp, ...], r: UOp) -> str:
     """Range `r`'s value at the flattened position `index` over `ranges` (last fastest)."""
     i = ranges.index(r)
-    stride = _numel(ranges[i + 1 :])
+    stride = elements(ranges[i + 1 :])
     text = index if stride == 1 else f"({index} // {stride})"
     return text if i == 0 else f"({text} % {r.src[0].arg})"

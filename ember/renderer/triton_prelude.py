@@ -1,7 +1,6 @@
 """Stage `renderer` (GPU): the jit helpers every Triton kernel module starts with.
 
-NaN-propagating max/min/product reductions, bfloat16 conversions through the bits (Note:
-low-precision floats in Triton, renderer/triton.py), IEEE division and integer powers.
+NaN-propagating max/min/product reductions, IEEE division and integer powers.
 """
 
 PRELUDE = """\
@@ -38,20 +37,6 @@ def ember_min(x, axis, keep_dims):
 @triton.jit
 def ember_prod(x, axis, keep_dims):
     return tl.reduce(x, axis, ember_mul_combine, keep_dims=keep_dims)
-
-
-@triton.jit
-def ember_bf16_to_f32(x):
-    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def ember_f32_to_bf16(x):
-    # round to nearest even on the dropped bits; any NaN -> 0x7FC0 (as eager)
-    u = x.to(tl.uint32, bitcast=True)
-    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    bits = tl.where((u & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, rounded)
-    return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit

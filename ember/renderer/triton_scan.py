@@ -24,11 +24,9 @@ Note: scans on blocks
 
 from __future__ import annotations
 
-from ember.renderer.triton import KernelShape, Phase, _numel, _Renderer, render_const, tl_type
+from ember.renderer.triton import Phase, _Renderer, render_const, tl_type
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import Ops, UOp, reduce_identity
-
-PERSISTENT_SCAN_LIMIT = 4096  # the longest row a persistent scan keeps in one block (registers)
 
 SCAN_PRELUDE = """
 
@@ -54,22 +52,6 @@ def ember_scan_last(x, is_last):
 SCAN_CALLS = {Ops.MAX: "ember_max_combine", Ops.MIN: "ember_min_combine", Ops.LOGADDEXP: "ember_logaddexp_combine"}
 
 
-def scan_kernel_shape(sink: UOp) -> KernelShape:
-    """Loop ranges on x, the one scanned range on r (Note: scans on blocks)."""
-    scans = tuple(u for u in sink.toposort if u.op is Ops.SCAN)
-    scanned = {s.src[1] for s in scans}
-    if len(scanned) != 1 or next(iter(scanned)).op is not Ops.RANGE:
-        raise NotImplementedError("Triton renderer: a scan kernel scans over exactly one range")
-    if any(u.op is Ops.REDUCE for u in sink.toposort):
-        raise NotImplementedError("Triton renderer: a reduction inside a scan kernel (not yet)")
-    scan_range = next(iter(scanned))
-    ranges = [u for u in sink.toposort if u.op is Ops.RANGE]
-    if any(r.arg.reduce and r is not scan_range for r in ranges):
-        raise NotImplementedError("Triton renderer: a reduce range besides the scanned one in a scan kernel")
-    loops = tuple(sorted((r for r in ranges if not r.arg.reduce), key=lambda r: r.arg.nesting))
-    return KernelShape(loops, (scan_range,), (), _numel(loops), scan_range.src[0].arg, scans)
-
-
 def work_dtype(dtype: DType) -> DType:
     """The type a scan combines in: its own, but int8 for bools."""
     return dtypes.int8 if dtype.is_bool else dtype
@@ -79,7 +61,6 @@ class ScanRenderer(_Renderer):
     """_Renderer with SCAN (Note: scans on blocks); the scanned range's phase holds the stores."""
 
     prelude = SCAN_PRELUDE
-    persistent_limit = PERSISTENT_SCAN_LIMIT
 
     def _value(self, u: UOp, phase: Phase | None) -> str:
         if u.op is Ops.SCAN:

@@ -60,7 +60,9 @@ class dtypes:  # noqa: N801 - a namespace, spelled like torch's
     int32 = DType("int32", 4, "int32_t", "int")
     int64 = DType("int64", 8, "int64_t", "int")
     uint8 = DType("uint8", 1, "uint8_t", "uint")
-    # Kernel-internal only (random bits, Note: counter-based random numbers); no tensor has it.
+    # Kernel-internal only (random bits, Note: counter-based random numbers; a bfloat16's bits,
+    # Note: semantics written once, codegen/primitives.py); no tensor has them.
+    uint16 = DType("uint16", 2, "uint16_t", "uint")
     uint32 = DType("uint32", 4, "uint32_t", "uint")
     # Note: low-precision floats. float16 and bfloat16 live in memory as their 16 bits
     # (`uint16_t`); kernels compute on them in float32 (codegen/low_precision.py) and convert

@@ -80,8 +80,8 @@ class Ops(enum.Enum):
     SUB = enum.auto()
     MUL = enum.auto()
     FDIV = enum.auto()  # true division (floats)
-    IDIV = enum.auto()  # integer division truncating toward zero (C semantics)
-    MOD = enum.auto()  # integer remainder with the sign of the dividend (C semantics)
+    IDIV = enum.auto()  # integer division truncating toward zero (C semantics); by 0: 0, by -1: -a (wrapped)
+    MOD = enum.auto()  # integer remainder with the sign of the dividend (C semantics); by 0 or -1: 0
     FMOD = enum.auto()  # float remainder with the sign of the dividend
     MAX = enum.auto()  # NaN-propagating for floats, as torch.maximum
     MIN = enum.auto()
@@ -94,8 +94,10 @@ class Ops(enum.Enum):
     AND = enum.auto()
     OR = enum.auto()
     XOR = enum.auto()
-    SHL = enum.auto()
-    SHR = enum.auto()
+    SHL = enum.auto()  # past the width: 0
+    SHR = enum.auto()  # arithmetic for signed types; past the width: the sign (0 or -1)
+    # (codegen/primitives.py rewrites the edge cases of IDIV/MOD/SHL/SHR and of CAST into plain
+    # ops before rendering: Note: semantics written once)
     # ternary
     WHERE = enum.auto()
     # random numbers (Note: counter-based random numbers, lower/random.py)

@@ -1,0 +1,125 @@
+"""Stage `codegen` (block backends): a kernel's scheduling decisions on blocks, made from the
+kernel AST after `phases.block_rewrite` and the limits the backend declares.
+
+It takes the sink and the backend's `BlockLimits` (compile_triton.TritonBackend's capabilities)
+and gives a `BlockPlan`: which loops go on the x axis and which on the r axis (`KernelShape`,
+Note: blocks for a kernel AST, renderer/triton.py), which variants to render (pointwise, or
+persistent and looped), and the width of index math. The renderer spells the plan; the
+launcher (runtime/triton.py) times block sizes within it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ember.uop.dtypes import dtypes
+from ember.uop.ops import Ops, UOp
+
+
+@dataclass(frozen=True)
+class BlockLimits:
+    """What a block backend can hold (its capabilities; codegen decides from them)."""
+
+    persistent_row: int = 16384  # the longest row a persistent variant keeps in one block (registers)
+    persistent_scan_row: int = 4096  # the same for a scan, which keeps more per element
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """Note: blocks for a kernel AST (renderer/triton.py)."""
+
+    outer: tuple[UOp, ...]  # loop ranges flattened onto x, outermost first
+    inner: tuple[UOp, ...]  # loop ranges of the final phase (empty for pointwise kernels)
+    reduces: tuple[UOp, ...]  # REDUCEs, sources before users
+    xnumel: int
+    rnumel: int  # the largest block phase's extent (0 for pointwise kernels)
+    scans: tuple[UOp, ...] = ()  # SCANs, over the one inner range (Note: scans on blocks, triton_scan.py)
+    sequential: frozenset[UOp] = frozenset()  # REDUCEs walked in a loop (Note: nested reductions)
+    chunked: frozenset[UOp] = frozenset()  # sequential REDUCEs walked XBLOCK elements at a time
+
+    @property
+    def xextent(self) -> int:
+        """The extent an x block covers: the x axis, or the elements a chunked loop walks."""
+        return max([self.xnumel] + [elements(red.src[1:]) for red in self.chunked])
+
+    @property
+    def pointwise(self) -> bool:
+        return not self.reduces and not self.scans
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """Everything codegen decided about one block kernel."""
+
+    shape: KernelShape
+    variants: tuple[str, ...]  # "pointwise", or "persistent" (a row in one block) and/or "looped"
+    index_bits: int  # 32 or 64: the integer width of index math
+
+    @property
+    def launch(self) -> dict:
+        """The facts the launcher (runtime/triton.py) sizes blocks and the grid by."""
+        facts = {"variants": list(self.variants), "xnumel": self.shape.xnumel, "rnumel": self.shape.rnumel}
+        if self.shape.xextent > self.shape.xnumel:  # Note: nested reductions (renderer/triton.py)
+            facts["xextent"] = self.shape.xextent
+        return facts
+
+
+def plan_blocks(sink: UOp, limits: BlockLimits) -> BlockPlan:
+    scan = any(u.op is Ops.SCAN for u in sink.toposort)
+    shape = scan_kernel_shape(sink) if scan else kernel_shape(sink)
+    if shape.pointwise:
+        variants: tuple[str, ...] = ("pointwise",)
+    else:
+        longest = limits.persistent_scan_row if scan else limits.persistent_row
+        variants = (("persistent",) if shape.rnumel <= longest else ()) + ("looped",)
+    return BlockPlan(shape, variants, index_bits(sink, shape, limits))
+
+
+def kernel_shape(sink: UOp) -> KernelShape:
+    loops = sorted((u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce), key=lambda r: r.arg.nesting)
+    reduces = tuple(u for u in sink.toposort if u.op is Ops.REDUCE)
+    if not reduces:
+        return KernelShape(tuple(loops), (), (), elements(loops), 0)
+    outer_set = frozenset().union(*(r.ranges for r in reduces))
+    nested_ranges = frozenset(r for r in outer_set if r.arg.reduce)  # e.g. the mean over rows of a row's logsumexp
+    sequential = frozenset(red for red in reduces if nested_ranges & set(red.src[1:]))
+    outer = tuple(r for r in loops if r in outer_set)
+    inner = tuple(r for r in loops if r not in outer_set)
+    blocked = [elements(red.src[1:]) for red in reduces if red not in sequential]
+    extents = blocked + ([elements(inner)] if inner else [])
+    # a sequential REDUCE that varies with nothing (a loss) uses the x lanes for its own elements
+    chunked = frozenset(red for red in sequential if not red.ranges)
+    return KernelShape(outer, inner, reduces, elements(outer), max(extents, default=1), sequential=sequential,
+                       chunked=chunked)  # fmt: skip
+
+
+def scan_kernel_shape(sink: UOp) -> KernelShape:
+    """Loop ranges on x, the one scanned range on r (Note: scans on blocks, renderer/triton_scan.py)."""
+    scans = tuple(u for u in sink.toposort if u.op is Ops.SCAN)
+    scanned = {s.src[1] for s in scans}
+    if len(scanned) != 1 or next(iter(scanned)).op is not Ops.RANGE:
+        raise NotImplementedError("Triton renderer: a scan kernel scans over exactly one range")
+    if any(u.op is Ops.REDUCE for u in sink.toposort):
+        raise NotImplementedError("Triton renderer: a reduction inside a scan kernel (not yet)")
+    scan_range = next(iter(scanned))
+    ranges = [u for u in sink.toposort if u.op is Ops.RANGE]
+    if any(r.arg.reduce and r is not scan_range for r in ranges):
+        raise NotImplementedError("Triton renderer: a reduce range besides the scanned one in a scan kernel")
+    loops = tuple(sorted((r for r in ranges if not r.arg.reduce), key=lambda r: r.arg.nesting))
+    return KernelShape(loops, (scan_range,), (), elements(loops), scan_range.src[0].arg, scans)
+
+
+def elements(ranges) -> int:
+    """How many positions `ranges` walk together."""
+    return math.prod(r.src[0].arg for r in ranges)
+
+
+def index_bits(sink: UOp, shape: KernelShape, limits: BlockLimits) -> int:
+    """32-bit index math when every index value and the padded block positions fit."""
+    limit = 2**31 - 1 - 2 * limits.persistent_row
+    fits = shape.xnumel * 2 < limit and shape.rnumel * 2 < limit
+    for u in sink.toposort:
+        if u.dtype is dtypes.index and u.op is not Ops.CAST and (u.vmin < -limit or u.vmax > limit):
+            fits = False
+    return 32 if fits else 64
