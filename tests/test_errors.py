@@ -20,6 +20,17 @@ def test_integer_division_by_zero_raises_like_eager(dtype):
         assert torch.equal(got, want)
 
 
+def test_a_zero_divisor_of_a_division_feeding_another_is_reported():
+    # the inner division's only user is the outer one; its CHECK used to be dropped (a silent 0)
+    fn = lambda a, b, c: torch.div(torch.div(a, b, rounding_mode="trunc"), c, rounding_mode="trunc")
+    a, b, c = torch.tensor([7, 8, 9]), torch.tensor([1, 0, 2]), torch.tensor([2, 3, 5])
+    compiled = compile_fn(fn)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        compiled(a, b, c)
+    b[1] = -3
+    assert torch.equal(compiled(a, b, c), fn(a, b, c))
+
+
 def test_division_by_a_nonzero_constant_needs_no_check():
     check(lambda a: (a // 3, a % -2), torch.arange(-6, 6))
 

@@ -199,3 +199,21 @@ def test_cpp_and_triton_steps_both_end_in_primitive_ops():
         assert any(u.op is Ops.CHECK for u in sink.toposort)  # a zero divisor is still reported
         divisions = [u for u in sink.toposort if u.op is Ops.IDIV]
         assert divisions and all(d.src[1].op is Ops.WHERE for d in divisions)
+
+
+def test_bool_sums_and_products_are_logic():
+    a, b = np.meshgrid(np.array([False, True]), np.array([False, True]))
+    x, y = _load("a", dtypes.bool), _load("b", dtypes.bool)
+    for op, torch_op in ((Ops.ADD, torch.add), (Ops.MUL, torch.mul)):
+        rewritten = _primitive(x.alu(op, y))
+        assert not any(u.op in (Ops.ADD, Ops.MUL) for u in rewritten.toposort)
+        want = torch_op(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+        np.testing.assert_array_equal(evaluate(rewritten, {"a": a, "b": b}), want)
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+def test_sign_bit_is_the_top_bit(dtype):
+    x = np.array([-0.0, 0.0, np.nan, -np.nan, -1.0, 2.0, -np.inf, np.inf, -1e-45, 5e-324], NUMPY[dtype])
+    rewritten = _primitive(_load("x", dtype).alu(Ops.SIGNBIT))
+    assert not any(u.op is Ops.SIGNBIT for u in rewritten.toposort)
+    np.testing.assert_array_equal(evaluate(rewritten, {"x": x}), np.signbit(x))

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import ember
 from ember.runtime import triton as triton_runtime
 from tests import (
+    test_errors,
     test_indexing,
     test_lowp,
     test_models,
@@ -75,6 +76,7 @@ test_cast = test_ops.test_cast
 test_integer_overflow_wraps_like_eager = test_ops.test_integer_overflow_wraps_like_eager
 test_floor_division_ties_round_like_eager = test_ops.test_floor_division_ties_round_like_eager
 test_python_scalars = test_ops.test_python_scalars
+test_nested_division_by_zero = test_errors.test_a_zero_divisor_of_a_division_feeding_another_is_reported
 test_view = _subset(test_ops.test_view, base=lambda b: b == test_ops.VIEW_BASES[0])
 test_sum_mean_amax_amin_prod = test_reductions.test_sum_mean_amax_amin_prod
 test_arg_and_indexed_extremes = _subset(

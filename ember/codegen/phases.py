@@ -37,7 +37,7 @@ from ember.uop.ops import (
     reduce_identity,
     substitute,
 )
-from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite, rewrite_each_once
 from ember.uop.spec import Stage, verify
 from ember.uop.symbolic import linear_terms, pm_symbolic
 
@@ -131,13 +131,16 @@ def check_integer_division(sink: UOp) -> UOp:
     zero reports it, as eager does: RuntimeError("ZeroDivisionError") (Note: kernel errors,
     renderer/cpp.py)."""
     error = CheckArg("RuntimeError", "ZeroDivisionError: integer division by zero")
-    mapping = {
-        u: UOp(Ops.CHECK, u.dtype, (u, u.src[1].alu(Ops.CMPNE, u.src[1].const_like(0))), error)
-        for u in sink.toposort
-        if u.op in (Ops.IDIV, Ops.MOD) and u.dtype.is_int and u.dtype is not dtypes.index
-        and not (u.src[1].vmin > 0 or u.src[1].vmax < 0)
-    }  # fmt: skip
-    return substitute(sink, mapping) if mapping else sink
+
+    def checked(u: UOp) -> UOp:
+        if u.op not in (Ops.IDIV, Ops.MOD) or not u.dtype.is_int or u.dtype is dtypes.index:
+            return u
+        if u.src[1].vmin > 0 or u.src[1].vmax < 0:
+            return u
+        return UOp(Ops.CHECK, u.dtype, (u, u.src[1].alu(Ops.CMPNE, u.src[1].const_like(0))), error)
+
+    # once each, sources first: a division whose only user is another division keeps its CHECK
+    return rewrite_each_once(sink, checked)
 
 
 pm_checks = PatternMatcher(

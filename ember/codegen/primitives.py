@@ -11,6 +11,8 @@ Note: semantics written once
         Triton's `//` (both truncating) are exact and never trap (INT_MIN / -1).
       - SHL and SHR never see an amount outside [0, bits): past the width a left shift gives 0 and
         a right shift the sign (0 or -1), as eager; the plain shift runs on a clamped amount.
+      - ADD and MUL of bools are OR and AND (Triton's i1 arithmetic wraps; torch's is logic), and
+        SIGNBIT is a comparison of the float's bits read as a signed integer.
       - CAST is only a conversion both languages do as eager does: to bool it is `x != 0`, from
         bool to a float a select (gcc 12 vectorizes that, not the conversion), and float16/
         bfloat16 convert only to and from float32 (eager converts a double or an integer to float
@@ -27,14 +29,15 @@ from __future__ import annotations
 
 from ember.uop.dtypes import LOW_PRECISION, DType, dtypes
 from ember.uop.ops import Ops, UOp
-from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite, rewrite_each_once
 
 F32 = dtypes.float32
 
 
 def primitive_ops(sink: UOp) -> UOp:
-    """The late step (Note: semantics written once): casts first, as the bfloat16 formulas shift."""
-    return guard_integer_ops(graph_rewrite(sink, pm_primitive_casts))
+    """The late step (Note: semantics written once): casts and bool arithmetic first, as the bfloat16
+    formulas shift."""
+    return guard_integer_ops(graph_rewrite(sink, pm_primitives))
 
 
 # ---- casts -----------------------------------------------------------------------------------
@@ -82,7 +85,18 @@ def bool_to_float(x: UOp, u: UOp) -> UOp | None:
     return x.where(u.const_like(1.0), u.const_like(0.0))
 
 
-pm_primitive_casts = PatternMatcher(
+def sign_bit(x: UOp) -> UOp:
+    """The float's top bit: its bits read as a signed integer of its width are negative."""
+    bits = dtypes.int64 if x.dtype.itemsize == 8 else dtypes.int32
+    as_int = UOp(Ops.BITCAST, bits, (x,))
+    return as_int.alu(Ops.CMPLT, as_int.const_like(0))
+
+
+def bool_logic(u: UOp) -> UOp:
+    return u.src[0].alu(Ops.OR if u.op is Ops.ADD else Ops.AND, u.src[1])
+
+
+pm_primitives = PatternMatcher(
     [
         # CAST(CONST c, T) -> CONST T c, for the conversions below (a constant rounds when made)
         (UPat(Ops.CAST, src=(UPat.cvar("c"),), name="u"), fold_constant),
@@ -101,6 +115,10 @@ pm_primitive_casts = PatternMatcher(
         (UPat(Ops.CAST, dtype=dtypes.bool, src=(UPat.var("x"),)), to_bool),
         # CAST(b bool, float) -> WHERE(b, 1.0, 0.0)
         (UPat(Ops.CAST, src=(UPat.var("x", dtype=dtypes.bool),), name="u"), bool_to_float),
+        # SIGNBIT(x) -> BITCAST(x, int of its width) < 0 (true for -0.0 and negative NaNs)
+        (UPat(Ops.SIGNBIT, src=(UPat.var("x"),)), sign_bit),
+        # a + b, a * b of bools -> a | b, a & b (torch's bool arithmetic is logic; Triton's i1 wraps)
+        (UPat((Ops.ADD, Ops.MUL), dtype=dtypes.bool, name="u"), bool_logic),
     ]
 )
 
@@ -112,12 +130,7 @@ def guard_integer_ops(sink: UOp) -> UOp:
     """Every integer IDIV/MOD/SHL/SHR whose operands may hit a case the languages leave undefined
     (or define otherwise than eager) -> its guarded form, once each (a guarded op keeps its
     op: a rule table would guard it again)."""
-    done: dict[UOp, UOp] = {}
-    for u in sink.toposort:
-        src = tuple(done[s] for s in u.src)
-        node = u if all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, u.arg)
-        done[u] = GUARDS[u.op](node) if u.op in GUARDS and _is_data_int(u.dtype) else node
-    return done[sink]
+    return rewrite_each_once(sink, lambda u: GUARDS[u.op](u) if u.op in GUARDS and _is_data_int(u.dtype) else u)
 
 
 def _is_data_int(dtype: DType) -> bool:

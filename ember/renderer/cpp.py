@@ -202,9 +202,6 @@ def _unary_call(u: UOp, x: str) -> str:
         return render_cast(x, u.src[0].dtype, u.dtype)
     if u.op is Ops.BITCAST:
         return f"__builtin_bit_cast({u.dtype.ctype}, {x})"
-    if u.op is Ops.SIGNBIT:  # the top bit (gcc 12 crashes vectorizing __builtin_signbit of a converted float)
-        bits = "uint64_t" if u.src[0].dtype.itemsize == 8 else "uint32_t"
-        return f"((__builtin_bit_cast({bits}, {x}) >> {8 * u.src[0].dtype.itemsize - 1}) != 0)"
     if u.op in (Ops.ISNAN, Ops.ISINF):
         return f"__builtin_{u.op.name.lower()}({x})"
     if u.op in MATH_CALLS:

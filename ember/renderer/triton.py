@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 from ember.codegen.blocks import KernelShape, elements
 from ember.renderer.triton_math import render_math
-from ember.renderer.triton_scatter import ScatterStore, scatter_store_lines
+from ember.renderer.triton_scatter import ScatterStore, combine_text, scatter_store_lines
 from ember.uop.dtypes import DType, bits_of, dtypes
 from ember.uop.ops import CheckArg, Ops, ScatterArg, UOp, reduce_identity
 
@@ -122,8 +122,6 @@ def render_const(value, dtype: DType) -> str:
 
 def _binary(u: UOp, a: str, b: str) -> str:
     operand = u.src[0].dtype
-    if operand.is_bool and u.op in (Ops.ADD, Ops.MUL):  # i1 arithmetic wraps; torch's bool + is or
-        return f"({a} {'|' if u.op is Ops.ADD else '&'} {b})"
     if u.op in INFIX:
         return f"({a} {INFIX[u.op]} {b})"
     if u.op is Ops.FDIV:  # IEEE division, as eager (Triton's float32 `/` is approximate)
@@ -179,16 +177,6 @@ TYPED_OPERANDS = frozenset({Ops.MAX, Ops.MIN, Ops.POW, Ops.ATAN2, Ops.FMOD, Ops.
                             Ops.NEXTAFTER, Ops.HYPOT, Ops.FMAX, Ops.FMIN})  # fmt: skip
 
 REDUCE_CALLS = {Ops.ADD: "tl.sum", Ops.MAX: "ember_max", Ops.MIN: "ember_min", Ops.MUL: "ember_prod"}
-
-
-def combine_expr(combine: Ops, dtype: DType, a: str, b: str) -> str:
-    if combine is Ops.ADD:
-        return f"({a} + {b})"
-    if combine is Ops.MUL:
-        return f"({a} * {b})"
-    fn = "tl.maximum" if combine is Ops.MAX else "tl.minimum"
-    nan = ", propagate_nan=tl.PropagateNan.ALL" if dtype.is_float else ""
-    return f"{fn}({a}, {b}{nan})"
 
 
 # ---- rendering --------------------------------------------------------------------------
@@ -460,7 +448,7 @@ class _Renderer:
         self.counter += 1
         outside.lines.append(f"{outside.indent}{acc} = tl.full([XBLOCK, RBLOCK], {identity}, {tl_type(dtype)})")
         masked = f"tl.where({mask}, {value}, {identity})"
-        phase.scope.lines.append(f"{phase.scope.indent}{acc} = {combine_expr(combine, dtype, acc, masked)}")
+        phase.scope.lines.append(f"{phase.scope.indent}{acc} = {combine_text(combine, dtype, acc, masked)}")
         self.close_phase(phase)
         return self.emit(outside, f"{call}({acc}, 1, keep_dims=True)")
 
@@ -477,7 +465,7 @@ class _Renderer:
         value = self.value(red.src[0], loop)
         if loop.chunked:
             value = f"tl.where({loop.index} < {loop.numel}, {value}, {identity})"
-        loop.scope.lines.append(f"{loop.scope.indent}{acc} = {combine_expr(combine, dtype, acc, value)}")
+        loop.scope.lines.append(f"{loop.scope.indent}{acc} = {combine_text(combine, dtype, acc, value)}")
         self.close_phase(loop)
         if not loop.chunked:
             return acc

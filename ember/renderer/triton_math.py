@@ -8,7 +8,6 @@ the interpreter tests check the rendering; libdevice's own accuracy is checked o
 
 from __future__ import annotations
 
-from ember.uop.dtypes import DType
 from ember.uop.ops import Ops, UOp
 
 LIBDEVICE_CALLS = {
@@ -31,10 +30,4 @@ def render_math(u: UOp, srcs: list[str]) -> str | None:
         a, b = srcs
         fn = "tl.maximum" if u.op is Ops.FMAX else "tl.minimum"
         return f"tl.where({a} != {a}, {b}, tl.where({b} != {b}, {a}, {fn}({a}, {b})))"
-    if u.op is Ops.SIGNBIT:
-        return f"({srcs[0]}.to({_same_width_int(u.src[0].dtype)}, bitcast=True) < 0)"
     return None
-
-
-def _same_width_int(dtype: DType) -> str:
-    return "tl.int64" if dtype.itemsize == 8 else "tl.int32"

@@ -25,6 +25,7 @@ Note: scans on blocks
 from __future__ import annotations
 
 from ember.renderer.triton import Phase, _Renderer, render_const, tl_type
+from ember.renderer.triton_scatter import combine_text
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import Ops, UOp, reduce_identity
 
@@ -98,16 +99,14 @@ class ScanRenderer(_Renderer):
         self.counter += 1
         identity = render_const(reduce_identity(combine, work), work)
         self.top.lines.append(f"    {carry} = tl.full([XBLOCK, 1], {identity}, {tl_type(work)})")
-        joined = combine_call(combine, carry, scanned)
+        joined = combine_call(combine, work, carry, scanned)
         running = self.emit(phase.scope, f"tl.where(roffset > 0, {joined}, {scanned})")
         last = f"{phase.index} == roffset + (RBLOCK - 1)"
         phase.scope.lines.append(f"{phase.scope.indent}{carry} = ember_scan_last({running}, {last})")
         return running
 
 
-def combine_call(combine: Ops, a: str, b: str) -> str:
-    if combine is Ops.ADD:
-        return f"({a} + {b})"
-    if combine is Ops.MUL:
-        return f"({a} * {b})"
-    return f"{SCAN_CALLS[combine]}({a}, {b})"
+def combine_call(combine: Ops, dtype: DType, a: str, b: str) -> str:
+    if combine is Ops.LOGADDEXP:
+        return f"{SCAN_CALLS[combine]}({a}, {b})"
+    return combine_text(combine, dtype, a, b)

@@ -70,7 +70,8 @@ def _has_atomic(combine: Ops, dtype: DType) -> bool:
 
 
 def combine_text(combine: Ops, dtype: DType, a: str, b: str) -> str:
-    """combine(a, b) as eager's scatter reductions compute it: bools as logic, NaN propagating."""
+    """combine(a, b) as eager's reductions, scans and scatter reductions compute it: bools as logic,
+    NaN propagating (every Triton accumulator and atomic update combines with it)."""
     if dtype.is_bool:
         return f"({a} | {b})" if combine in (Ops.ADD, Ops.MAX) else f"({a} & {b})"
     if combine in (Ops.ADD, Ops.MUL):

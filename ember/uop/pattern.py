@@ -145,3 +145,14 @@ def graph_rewrite(root: UOp, matcher: PatternMatcher, ctx: Any = None) -> UOp:
     for u in root.toposort:  # sources first, so the recursion above stays shallow
         visit(u)
     return done[root]
+
+
+def rewrite_each_once(root: UOp, rewrite: Callable[[UOp], UOp]) -> UOp:
+    """Every UOp of `root`, its sources rewritten first, replaced by `rewrite(node)` once: the
+    result is not rewritten again (for rewrites that keep the op they wrap, like a guard or a
+    CHECK around a division, which a fixed-point `graph_rewrite` would wrap forever)."""
+    done: dict[UOp, UOp] = {}
+    for u in root.toposort:
+        src = tuple(done[s] for s in u.src)
+        done[u] = rewrite(u if all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, u.arg))
+    return done[root]
