@@ -56,8 +56,8 @@ class Config:
     compile_threads: int = _flag(0, "EMBER_COMPILE_THREADS", False,
                                  "kernels compiled in parallel; 0: one per usable CPU core", minimum=0)  # fmt: skip
     backend: str = _flag("auto", "EMBER_BACKEND", True,
-                         "auto: C++ for CPU graphs, Triton for CUDA; triton: Triton for CPU graphs too "
-                         "(under Triton's interpreter)", choices=("auto", "triton"))  # fmt: skip
+                         "auto (or cpp): C++ for CPU graphs, Triton for CUDA; triton: Triton for CPU graphs too "
+                         "(under Triton's interpreter)", choices=("auto", "cpp", "triton"))  # fmt: skip
     autotune: bool = _flag(True, "EMBER_AUTOTUNE", True, "time a few launch configurations per Triton kernel")
     split_reductions: int = _flag(32768, "EMBER_SPLIT_REDUCTIONS", True,
                                   "Triton: reductions at least this long with few outputs are split over many "

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
         ("EMBER_BUFFER_POOL_MB", "lots", "an integer >= 0"),
         ("EMBER_BUFFER_POOL_MB", "-5", "an integer >= 0"),
         ("EMBER_COMPILE_THREADS", "1.5", "an integer >= 0"),
-        ("EMBER_BACKEND", "cuda", "one of auto, triton"),
+        ("EMBER_BACKEND", "cuda", "one of auto, cpp, triton"),
     ],
 )
 def test_a_bad_environment_value_is_an_error_naming_it(monkeypatch, name, value, accepted):
@@ -54,7 +54,7 @@ def test_numbers_and_choices_from_the_environment(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "option, value", [("fusion", "no"), ("buffer_pool_mb", -1), ("buffer_pool_mb", True), ("backend", "cpp")]
+    "option, value", [("fusion", "no"), ("buffer_pool_mb", -1), ("buffer_pool_mb", True), ("backend", "gpu")]
 )
 def test_a_bad_option_is_an_error_naming_it(option, value):
     with pytest.raises(ValueError, match=f"{option}="):
