@@ -38,16 +38,17 @@ from ember.wrapper.python import WrapperSource, generate_wrapper, load_wrapper
 from ember.wrapper.verify import VerifiedGraph
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config) -> Callable:
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, role: str = "graph") -> Callable:
+    """`role` (forward, backward, inference) names the graph in debug dumps."""
     progress = CompileProgress()
     try:
-        return _compile_graph(gm, example_inputs, config, StageTimes(progress))
+        return _compile_graph(gm, example_inputs, config, StageTimes(progress), role)
     finally:
         progress.finish()
 
 
 def _compile_graph(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, timings: StageTimes
+    gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, timings: StageTimes, role: str
 ) -> Callable:
     cache_dir = open_root(config.cache_dir)  # refuses a folder others could put code in (Note: cache safety)
     received = gm.print_readable(print_output=False) if config.debug else ""
@@ -72,7 +73,7 @@ def _compile_graph(
         if hooks:
             key, call = _key_and_cached(gm, example_inputs, config, versions, use_cache, timings)
     assert key is not None
-    debug = DebugDump(config.debug, config.debug_dir, key)
+    debug = DebugDump(config.debug, config.debug_dir, key, role)
     if call is None:
         debug.write("fx_graph.txt", received)
         debug.write("fx_graph_after_passes.txt", gm.print_readable(print_output=False))

@@ -29,9 +29,15 @@ from ember.shape_specialization import ShapeSpecializedGraph, is_symbolic
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable:
     """The `torch.compile(..., backend="ember")` entry point."""
     config = config_module.load(**options)
-    compiler = functools.partial(compile_or_fallback, config=config)
+
+    def compiler(role: str) -> Callable:  # the role names the graph's debug dump
+        return functools.partial(compile_or_fallback, config=config, role=role)
+
     backend = aot_autograd(
-        fw_compiler=compiler, bw_compiler=compiler, decompositions=decomposition_table(config.fallback_random)
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=decomposition_table(config.fallback_random),
     )
     start, ember_seconds = time.perf_counter(), metrics.compile_seconds.total()
     try:
@@ -50,12 +56,12 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
         metrics.tally("compile_seconds", {"aot_autograd": time.perf_counter() - start - inside})
 
 
-def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config) -> Callable:
+def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config, role: str = "graph") -> Callable:
     if is_symbolic(example_inputs):  # Note: dynamic shapes by specialization
-        static_compiler = functools.partial(compile_or_fallback, config=config)
+        static_compiler = functools.partial(compile_or_fallback, config=config, role=role)
         return ShapeSpecializedGraph(gm, static_compiler, config.shape_specializations, config.strict)
     try:
-        return compile_graph(gm, example_inputs, config)
+        return compile_graph(gm, example_inputs, config, role)
     except Exception as e:
         if config.strict:
             raise
