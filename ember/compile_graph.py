@@ -24,6 +24,7 @@ from ember.compile_triton import TritonBackend
 from ember.config import Config
 from ember.debug.log import DebugDump, describe_fusion, describe_ir
 from ember.debug.progress import CompileProgress, StageTimes, logger
+from ember.debug.provenance import step_origins
 from ember.errors import EmberError, stage
 from ember.lower import lower_graph
 from ember.metrics import metrics
@@ -124,7 +125,8 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         scheduled = schedule(graph, fusion=config.fusion)
         steps = scheduled.steps
     metrics.tally("schedule_work", vars(scheduled.work))
-    debug.write("fusion.txt", describe_fusion(scheduled))
+    origins = step_origins(gm, graph.holds, steps)
+    debug.write("fusion.txt", describe_fusion(scheduled, origins))
     generated = backend.generate(graph, steps, config, debug, timings)
     with stage("wrapper", timings):
         host_inputs = frozenset(b.name for b, x in zip(graph.inputs, example_inputs)
@@ -145,7 +147,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
             call = VerifiedGraph(call, original, graph, steps, generated.binaries, config.strict)
     debug.write("wrapper.py", wrapper.source)
     explanation = (
-        f"=== graph with inputs {[b.name for b in graph.inputs]}\n{describe_fusion(scheduled)}"
+        f"=== graph with inputs {[b.name for b in graph.inputs]}\n{describe_fusion(scheduled, origins)}"
         f"planned peak memory of intermediates: {wrapper.peak_bytes} bytes\n\n"
     )
     summary = graph_cache.GraphSummary(

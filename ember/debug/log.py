@@ -42,8 +42,10 @@ class DebugDump:
             (self.folder / name).write_text(text)
 
 
-def describe_fusion(scheduled) -> str:
-    """Each kernel with the buffers fused into it, then every refused fusion with its reason."""
+def describe_fusion(scheduled, origins: list | None = None) -> str:
+    """Each kernel with the buffers fused into it, the aten ops it computes and the user's
+    source lines they came from (`origins`: debug/provenance.py step_origins), then every
+    refused fusion with its reason."""
     from ember.schedule import KernelStep
 
     lines = []
@@ -53,6 +55,11 @@ def describe_fusion(scheduled) -> str:
             lines.append(f"step {i}: kernel [{members}]")
         else:
             lines.append(f"step {i}: {'fallback' if step.is_fallback else 'extern'} {step.op}")
+        if origins is not None and origins[i].aten_ops:
+            lines.append(f"    aten: {', '.join(origins[i].aten_ops)}")
+            lines += [f"    from {source}" for source in origins[i].sources]
+            if origins[i].more_sources:
+                lines.append(f"    ... and {origins[i].more_sources} more source lines")
     lines += ["", f"{scheduled.fusions} fusions; refused:"] + [f"  {r}" for r in scheduled.refusals]
     return "\n".join(lines) + "\n"
 
