@@ -24,7 +24,7 @@ from ember.compile_triton import TritonBackend
 from ember.config import Config
 from ember.debug.log import DebugDump, describe_fusion, describe_ir
 from ember.debug.progress import CompileProgress, StageTimes, logger
-from ember.debug.provenance import step_origins
+from ember.debug.provenance import profiler_labels, step_origins
 from ember.errors import EmberError, stage
 from ember.lower import lower_graph
 from ember.metrics import metrics
@@ -140,6 +140,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
             config.huge_pages,
             config.buffer_pool_mb << 20,
             config.verify,
+            profiler_labels(steps, origins, {i: k.var for i, k in generated.binaries.items()}),
         )
         call, path = load_wrapper(wrapper, graph.constants, Path(config.cache_dir))
         if config.verify:  # Note: verifying a compiled graph

@@ -34,3 +34,24 @@ def test_backward_steps_name_the_forward_lines():
     graphs = text.split("=== graph")[1:]
     assert len(graphs) == 2  # forward, backward
     assert "aten: " in graphs[1] and "from " in graphs[1]
+
+
+def test_profiler_shows_each_kernel_and_extern_as_a_named_range():
+    def f(x):
+        return torch.sort(torch.softmax(x.sin() * 2, -1), -1)[0].sum(0)
+
+    compiled = torch.compile(f, backend="ember")
+    x = torch.randn(16, 32)
+    ember.metrics.reset()
+    compiled(x)  # compiles, unprofiled
+    kernels, externs = ember.metrics.kernels_generated, ember.metrics.extern_calls
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.testing.assert_close(compiled(x), f(x))
+    names = [e.name for e in prof.events() if e.name.startswith("ember ")]
+    assert len(names) == kernels + externs
+    assert "ember fallback sort.default" in names
+    kernel_ranges = [n for n in names if n.startswith("ember kernel_")]
+    assert any("sin" in n and "exp" in n for n in kernel_ranges), kernel_ranges
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        compiled(x)  # the profiled variant, compiled once, runs again
+    assert len([e for e in prof.events() if e.name.startswith("ember ")]) == kernels + externs

@@ -88,11 +88,9 @@ def step_origins(gm: torch.fx.GraphModule, holds: dict[str, tuple[str, Layout]],
     order = {n: k for k, n in enumerate(gm.graph.nodes)}
     origins = []
     for i, step in enumerate(steps):
-        written = step.writes if isinstance(step, KernelStep) else [b.name for b in step.outputs]
         region: set[torch.fx.Node] = set()
-        for name in written:
-            if name in held:
-                region.update(fused_nodes(held[name][0], i, step_of, order))
+        for node in _step_nodes(step, held, nodes):
+            region.update(fused_nodes(node, i, step_of, order))
         ordered = sorted(region, key=order.__getitem__)
         aten = tuple(dict.fromkeys(_op_name(n.target) for n in ordered))
         lines = [line for n in ordered if (line := _user_line(n))]
@@ -101,6 +99,20 @@ def step_origins(gm: torch.fx.GraphModule, holds: dict[str, tuple[str, Layout]],
         distinct = list(dict.fromkeys(lines))
         origins.append(StepOrigin(aten, tuple(distinct[:MAX_SOURCES]), max(0, len(distinct) - MAX_SOURCES)))
     return origins
+
+
+def _step_nodes(step: Step, held: dict, nodes: dict[str, torch.fx.Node]) -> list[torch.fx.Node]:
+    """The FX nodes whose values `step` writes: those its buffers hold, or for a buffer no node
+    holds (a copy made for an extern's argument), the node lowering realized it for."""
+    if not isinstance(step, KernelStep):
+        return [held[b.name][0] for b in step.outputs if b.name in held]
+    found = []
+    for c in step.group:
+        if c.name in held:
+            found.append(held[c.name][0])
+        elif c.name in step.stored:
+            found += [nodes[o] for o in c.origins if o in nodes]
+    return found
 
 
 def _op_name(target: object) -> str:
@@ -119,3 +131,21 @@ def _user_line(node: torch.fx.Node) -> str:
     users = [f for f in frames if not os.path.abspath(f[0]).startswith(torch_folder)]
     path, line, _, code = (users or frames)[-1]
     return f"{path}:{line}: {code.strip()}"
+
+
+def profiler_labels(steps: list[Step], origins: list[StepOrigin], kernel_vars: dict[int, str]) -> dict[int, str]:
+    """Each step's name under torch.profiler (Note: profiler ranges, wrapper/runtime.py): the
+    kernel's name and the aten ops it fused (`ember kernel_3: gelu, mul, sum`), or the extern."""
+    labels = {}
+    for i, step in enumerate(steps):
+        ops = list(dict.fromkeys(op.split(".")[0] for op in origins[i].aten_ops))
+        listed = ", ".join(ops[:MAX_LABEL_OPS]) + (", ..." if len(ops) > MAX_LABEL_OPS else "")
+        if isinstance(step, KernelStep):
+            if i in kernel_vars:
+                labels[i] = f"ember {kernel_vars[i]}: {listed}" if listed else f"ember {kernel_vars[i]}"
+        else:
+            labels[i] = f"ember {'fallback' if step.is_fallback else 'extern'} {_op_name(step.op)}"
+    return labels
+
+
+MAX_LABEL_OPS = 8
