@@ -24,6 +24,7 @@ from ember.compile_triton import TritonBackend
 from ember.config import Config
 from ember.debug.log import DebugDump, describe_fusion, describe_ir
 from ember.debug.progress import CompileProgress, StageTimes, logger
+from ember.debug.record import GraphRecord, is_recording, new_graph_record
 from ember.debug.provenance import profiler_labels, step_origins
 from ember.errors import EmberError, stage
 from ember.lower import lower_graph
@@ -63,7 +64,7 @@ def _compile_graph(
     versions += f" {machine_identity()}" if config.kernel_search else ""  # a wrapper may hold a recorded winner
     # a debug run wants every stage's dump, so it never loads a graph whole; a verified one needs
     # the lowered graph and the steps, which a cached graph does not keep
-    use_cache = config.graph_cache and not config.debug and not config.verify
+    use_cache = config.graph_cache and not config.debug and not config.verify and not is_recording()
     original = gm  # the passes work on a copy: verify checks against the graph as received
     key, call = None, None
     if not hooks:
@@ -75,12 +76,13 @@ def _compile_graph(
             key, call = _key_and_cached(gm, example_inputs, config, versions, use_cache, timings)
     assert key is not None
     debug = DebugDump(config.debug, config.debug_dir, key, role)
+    record = new_graph_record(role, key)  # Note: report records (debug/record.py); None without a report
     if call is None:
         debug.write("fx_graph.txt", received)
         debug.write("fx_graph_after_passes.txt", gm.print_readable(print_output=False))
-        call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings, original)
+        call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings, original, record)
         summary.pass_rewrites = dict(rewrites)
-        if config.graph_cache and not config.verify:  # off means neither loaded nor written
+        if config.graph_cache and not config.verify and record is None:  # off means neither loaded nor written
             with stage("graph_cache_store", timings):
                 graph_cache.store(cache_dir, key, source, objects, summary)
     else:
@@ -104,7 +106,7 @@ def _key_and_cached(gm, example_inputs, config: Config, versions: str, use_cache
 
 
 def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump, timings: dict,
-                    original: torch.fx.GraphModule | None = None) -> tuple:  # fmt: skip
+                    original: torch.fx.GraphModule | None = None, record: GraphRecord | None = None) -> tuple:  # fmt: skip
     """Every stage, in order; returns the loaded wrapper, its source and a summary. The backend
     (Note: backends, backend.py) does what differs between C++ and Triton. `original`: the
     graph before the passes, which `config.verify` checks each call against."""
@@ -127,7 +129,13 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
     metrics.tally("schedule_work", vars(scheduled.work))
     origins = step_origins(gm, graph.holds, steps)
     debug.write("fusion.txt", describe_fusion(scheduled, origins))
+    if record is not None:
+        debug.captured = {}  # the kernels' sources, for the report
     generated = backend.generate(graph, steps, config, debug, timings)
+    labels = profiler_labels(steps, origins, {i: k.var for i, k in generated.binaries.items()})
+    if record is not None:
+        record.aten_graph, record.timings, record.device = gm.print_readable(print_output=False), timings, str(device)
+        labels = record.record_steps(graph, scheduled, origins, generated.binaries, labels, debug.captured)
     with stage("wrapper", timings):
         host_inputs = frozenset(b.name for b, x in zip(graph.inputs, example_inputs)
                                 if isinstance(x, torch.Tensor) and x.device != device)  # fmt: skip
@@ -140,13 +148,15 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
             config.huge_pages,
             config.buffer_pool_mb << 20,
             config.verify,
-            profiler_labels(steps, origins, {i: k.var for i, k in generated.binaries.items()}),
+            labels,
         )
         call, path = load_wrapper(wrapper, graph.constants, Path(config.cache_dir))
         if config.verify:  # Note: verifying a compiled graph
             original = original if original is not None else gm
             call = VerifiedGraph(call, original, graph, steps, generated.binaries, config.strict)
     debug.write("wrapper.py", wrapper.source)
+    if record is not None:
+        record.planned_peak_bytes, record.fallback_ops = wrapper.peak_bytes, list(lowering.fallback_ops)
     explanation = (
         f"=== graph with inputs {[b.name for b in graph.inputs]}\n{describe_fusion(scheduled, origins)}"
         f"planned peak memory of intermediates: {wrapper.peak_bytes} bytes\n\n"

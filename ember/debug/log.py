@@ -29,6 +29,7 @@ _dump_numbers_lock = threading.Lock()
 class DebugDump:
     def __init__(self, enabled: bool, root: str, graph_key: str, role: str = "graph"):
         self.enabled = enabled
+        self.captured: dict[str, str] | None = None  # set to a dict to keep what is written (ember report)
         self.folder = Path(root) / f"{role}_{graph_key[:8]}"
         if enabled:
             with _dump_numbers_lock:
@@ -38,6 +39,8 @@ class DebugDump:
             print(f"ember: debug dump of this graph in {self.folder.resolve()}", file=sys.stderr)
 
     def write(self, name: str, text: str) -> None:
+        if self.captured is not None:
+            self.captured[name] = text
         if self.enabled:
             (self.folder / name).write_text(text)
 
