@@ -167,6 +167,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         reduce_loops=generated.reduce_loops, fallback_ops=list(lowering.fallback_ops), explanation=explanation,
         tiled_kernels=generated.tiled_kernels,
     )  # fmt: skip
+    call = record.in_profiler_range(call) if record is not None else call
     return _finish(call, path, summary), wrapper.source, wrapper.objects, summary
 
 

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 from ember.ir import LoweredGraph
 from ember.schedule import KernelStep, Schedule, reads_of, writes_of
@@ -86,6 +89,22 @@ class GraphRecord:
         self.fusions = scheduled.fusions
         self.refusals = [str(r) for r in scheduled.refusals]
         return unique
+
+
+    def in_profiler_range(self, call: Callable) -> Callable:
+        """`call` inside a profiler range `ember graph <name>`, whose span is one call of the graph
+        (for its measured peak, debug/report_profile.py). A graph that compiled while recording
+        is only ever called from the report's run, so wrapping costs no other run anything."""
+        label = f"{GRAPH_RANGE_PREFIX}{self.name}"
+
+        def call_in_range(args: list) -> Any:
+            with torch.profiler.record_function(label):
+                return call(args)
+
+        return call_in_range
+
+
+GRAPH_RANGE_PREFIX = "ember graph "
 
 
 def buffer_bytes(graph: LoweredGraph, names: tuple[str, ...]) -> int:

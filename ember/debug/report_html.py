@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from html import escape
 
 from ember.debug.record import GraphRecord, StepRecord
-from ember.debug.report_profile import Measured
+from ember.debug.report_profile import Measured, median_after_first
 
 
 @dataclass
@@ -115,12 +115,16 @@ def _graph_section(graph: GraphRecord, measured: Measured, facts: PageFacts, tot
     by_time = sorted(graph.steps, key=lambda s: -(measured.median_us(s.label) or 0.0))
     measured_peak = measured.peak_bytes.get(graph.name)
     peak = (f"planned peak of the buffers the wrapper allocates: {_bytes(graph.planned_peak_bytes)}; measured: "
-            + (f"{_bytes(measured_peak)} (the most bytes torch allocated at once from the graph's first step to "
-               "its last, profiler memory events; large buffers the wrapper takes again from its pool are not "
-               "new allocations and do not count)" if measured_peak is not None else "not measured (not run)"))  # fmt: skip
+            + (f"{_bytes(measured_peak)} (the most bytes torch allocated at once during one call of the graph, "
+               "above the level at its start, from the profiler's memory events: the wrapper's buffers and the "
+               "externs' outputs and workspaces, less the inputs it lets go of; large buffers the wrapper takes "
+               "again from its pool are not new allocations and do not count)" if measured_peak is not None else "not measured (not run)"))  # fmt: skip
+    calls = measured.graph_us.get(graph.name, [])
+    timing = (f"{len(calls)} profiled call(s); one call (median, its first left out): "
+              f"{_us(median_after_first(calls))}" if calls else "not called while profiled")  # fmt: skip
     parts = [
         f"<section class='graph' id='graph-{graph.name}'><h2>Graph {graph.name} <small>{graph.key[:8]}</small></h2>",
-        f"<p class='peak'>{escape(peak)}</p>",
+        f"<p class='calls'>{escape(timing)}</p><p class='peak'>{escape(peak)}</p>",
         _steps_table([(graph, s) for s in by_time], measured, facts, total_us),
         _collapsible(f"aten graph ({graph.aten_graph.count(chr(10))} lines)", f"<pre>{escape(graph.aten_graph)}</pre>"),
         _collapsible(f"refused fusions ({len(graph.refusals)}; {graph.fusions} fusions made)",
