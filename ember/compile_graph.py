@@ -24,8 +24,8 @@ from ember.compile_triton import TritonBackend
 from ember.config import Config
 from ember.debug.log import DebugDump, describe_fusion, describe_ir
 from ember.debug.progress import CompileProgress, StageTimes, logger
-from ember.debug.record import GraphRecord, is_recording, new_graph_record
 from ember.debug.provenance import profiler_labels, step_origins
+from ember.debug.record import GraphRecord, is_recording, new_graph_record
 from ember.errors import EmberError, stage
 from ember.lower import lower_graph
 from ember.metrics import metrics
@@ -106,10 +106,12 @@ def _key_and_cached(gm, example_inputs, config: Config, versions: str, use_cache
 
 
 def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump, timings: dict,
-                    original: torch.fx.GraphModule | None = None, record: GraphRecord | None = None) -> tuple:  # fmt: skip
+                    original: torch.fx.GraphModule | None = None,
+                    record: GraphRecord | None = None) -> tuple:  # fmt: skip
     """Every stage, in order; returns the loaded wrapper, its source and a summary. The backend
     (Note: backends, backend.py) does what differs between C++ and Triton. `original`: the
-    graph before the passes, which `config.verify` checks each call against."""
+    graph before the passes, which `config.verify` checks each call against. `record`: what a
+    report keeps of the graph (Note: report records, debug/record.py), None without a report."""
     device = graph_device(gm, example_inputs)
     backend = backend_for(device, config)
     with stage("lower", timings):

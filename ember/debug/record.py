@@ -90,7 +90,6 @@ class GraphRecord:
         self.refusals = [str(r) for r in scheduled.refusals]
         return unique
 
-
     def in_profiler_range(self, call: Callable) -> Callable:
         """`call` inside a profiler range `ember graph <name>`, whose span is one call of the graph
         (for its measured peak, debug/report_profile.py). A graph that compiled while recording

@@ -102,8 +102,9 @@ def _step_row(graph: GraphRecord, step: StepRecord, measured: Measured, facts: P
         f"<td class='ops'>{escape(', '.join(step.aten_ops))}</td>",
         f"<td class='sources'>{sources}</td>",
     ]
+    time_attribute = time_us if time_us is not None else ""
     attributes = (f"class='step' data-graph='{graph.name}' data-step='{step.index}' data-kind='{step.kind}' "
-                  f"data-time-us='{time_us if time_us is not None else ''}' data-bytes='{step.bytes_moved}'")  # fmt: skip
+                  f"data-time-us='{time_attribute}' data-bytes='{step.bytes_moved}'")  # fmt: skip
     return f"<tr {attributes}>{''.join(cells)}</tr>"
 
 
@@ -113,18 +114,12 @@ def _cell(text: str, sort_key: object) -> str:
 
 def _graph_section(graph: GraphRecord, measured: Measured, facts: PageFacts, total_us: float) -> str:
     by_time = sorted(graph.steps, key=lambda s: -(measured.median_us(s.label) or 0.0))
-    measured_peak = measured.peak_bytes.get(graph.name)
-    peak = (f"planned peak of the buffers the wrapper allocates: {_bytes(graph.planned_peak_bytes)}; measured: "
-            + (f"{_bytes(measured_peak)} (the most bytes torch allocated at once during one call of the graph, "
-               "above the level at its start, from the profiler's memory events: the wrapper's buffers and the "
-               "externs' outputs and workspaces, less the inputs it lets go of; large buffers the wrapper takes "
-               "again from its pool are not new allocations and do not count)" if measured_peak is not None else "not measured (not run)"))  # fmt: skip
     calls = measured.graph_us.get(graph.name, [])
     timing = (f"{len(calls)} profiled call(s); one call (median, its first left out): "
               f"{_us(median_after_first(calls))}" if calls else "not called while profiled")  # fmt: skip
     parts = [
         f"<section class='graph' id='graph-{graph.name}'><h2>Graph {graph.name} <small>{graph.key[:8]}</small></h2>",
-        f"<p class='calls'>{escape(timing)}</p><p class='peak'>{escape(peak)}</p>",
+        f"<p class='calls'>{escape(timing)}</p><p class='peak'>{escape(_peak(graph, measured))}</p>",
         _steps_table([(graph, s) for s in by_time], measured, facts, total_us),
         _collapsible(f"aten graph ({graph.aten_graph.count(chr(10))} lines)", f"<pre>{escape(graph.aten_graph)}</pre>"),
         _collapsible(f"refused fusions ({len(graph.refusals)}; {graph.fusions} fusions made)",
@@ -139,6 +134,20 @@ def _graph_section(graph: GraphRecord, measured: Measured, facts: PageFacts, tot
         parts.append(f"<p>fallbacks in this graph: {escape(', '.join(graph.fallback_ops))}</p>")
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _peak(graph: GraphRecord, measured: Measured) -> str:
+    """Planned against measured peak (Note: measured peak, debug/report_profile.py)."""
+    planned = f"planned peak of the buffers the wrapper allocates: {_bytes(graph.planned_peak_bytes)}; measured: "
+    peak = measured.peak_bytes.get(graph.name)
+    if peak is None:
+        return planned + "not measured (not run)"
+    return planned + (
+        f"{_bytes(peak)} (the most bytes torch allocated at once during one call of the graph, above the level "
+        "at its start, from the profiler's memory events: the wrapper's buffers and the externs' outputs and "
+        "workspaces, less the inputs it lets go of; large buffers the wrapper takes again from its pool are not "
+        "new allocations and do not count)"
+    )
 
 
 def _collapsible(summary: str, content: str) -> str:
@@ -166,7 +175,8 @@ def _graph_breaks(facts: PageFacts) -> str:
 
 
 def _compile_time(facts: PageFacts) -> str:
-    return f"<section id='compile-time'><h2>Compile time, all graphs</h2>{_seconds_table(facts.compile_seconds)}</section>"
+    table = _seconds_table(facts.compile_seconds)
+    return f"<section id='compile-time'><h2>Compile time, all graphs</h2>{table}</section>"
 
 
 def _us(value: float | None) -> str:

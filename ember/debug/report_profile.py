@@ -49,7 +49,8 @@ class Span:
 
 def measure(prof: torch.profiler.profile) -> Measured:
     """Each labelled step's durations, and each graph's measured peak (Note: measured peak)."""
-    events = list(prof.profiler.kineto_results.events()) if prof.profiler is not None else []
+    results = prof.profiler.kineto_results if prof.profiler is not None else None
+    events = list(results.events()) if results is not None else []
     spans, memory, graphs = [], [], []
     gpu = any(e.device_type() != torch.autograd.DeviceType.CPU and LABEL_GRAPH.search(e.name()) for e in events)
     for e in events:
