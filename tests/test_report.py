@@ -15,6 +15,7 @@ import torch
 
 import ember
 from ember.debug.record import is_recording, new_graph_record, recording
+from tests.helpers import test_device
 
 
 class ReportPage(HTMLParser):
@@ -84,7 +85,8 @@ def sort_and_scale(x: torch.Tensor) -> torch.Tensor:
 def mlp_page(tmp_path_factory) -> tuple[Path, ReportPage]:
     path = tmp_path_factory.mktemp("report") / "mlp.html"
     torch._dynamo.reset()
-    ember.report(mlp_step, TinyMLP(), torch.randn(8, 32), path=str(path), calls=2)
+    device = test_device()  # EMBER_TEST_DEVICE=cuda: Triton kernels, timed on the GPU's side
+    ember.report(mlp_step, TinyMLP().to(device), torch.randn(8, 32, device=device), path=str(path), calls=2)
     return path, ReportPage(path.read_text())
 
 
@@ -174,3 +176,29 @@ def test_report_loads_in_headless_chromium(mlp_page, tmp_path):
     assert not console, console
     rows = ReportPage(result.stdout).steps
     assert len(rows) == len(page.steps) and all(float(r["time-us"]) > 0 for r in rows)
+
+
+def test_ember_report_command_runs_a_script(tmp_path):
+    from ember.cli import main
+
+    script = tmp_path / "program.py"
+    script.write_text(
+        "import torch\n"
+        "f = torch.compile(lambda x: (x * 2).relu().sum(0), backend='ember')\n"
+        "for _ in range(3):\n"
+        "    f(torch.randn(16, 8))\n"
+    )
+    main(["report", "-o", str(tmp_path / "page.html"), str(script)])
+    rows = ReportPage((tmp_path / "page.html").read_text()).steps
+    assert rows and all(float(r["time-us"]) > 0 for r in rows)
+    assert any("program.py:2" in r["cells"]["sources"] for r in rows if r["kind"] == "kernel")
+
+
+def test_measured_peak_counts_allocations_inside_the_call_only():
+    from ember.debug.report_profile import median_after_first, window_peak
+
+    events = [(5, 100), (10, 64), (12, 32), (14, -64), (16, 128), (20, -160), (30, 1000)]
+    assert window_peak(events, 10, 20) == 160  # 64 + 32 - 64 + 128: the allocation before and after left out
+    assert window_peak(events, 21, 29) == 0
+    assert median_after_first([100.0, 3.0, 1.0, 2.0]) == 2.0  # the first (warm-up) call left out
+    assert median_after_first([7.0]) == 7.0 and median_after_first([]) is None
