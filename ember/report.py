@@ -75,7 +75,7 @@ def _report_run(path: str, profiled_calls: str) -> Iterator[Callable]:
     facts = PageFacts(
         title=f"ember report: {profiled_calls}",
         copy_bytes_per_s=copy_bandwidth(device),
-        device=str(device) + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads"),
+        device=str(device) + ("" if device.type == "cuda" else f", {torch.get_num_threads()} thread(s)"),
         profiled_calls=profiled_calls,
         fallback_ops=dict(Counter(metrics.fallback_ops) - fallbacks_before),
         graph_breaks=list((Counter(torch._dynamo.utils.counters["graph_break"]) - breaks_before).items()),

@@ -38,8 +38,9 @@ def render_page(graphs: list[GraphRecord], measured: Measured, facts: PageFacts)
         _summary(graphs, measured, facts, total_us),
         "<section id='slowest'><h2>Slowest steps, all graphs</h2>",
         "<p>Median time of one call of each step (kernel, extern or fallback; its first call left out), "
-        "slowest first; click a column's header to sort by it. A kernel's bytes are those of the buffers it "
-        "reads and writes, each once; its bandwidth is bytes / time, and % of copy compares that with a large "
+        "slowest first, and its fastest call (times are wall times: on a busy machine the fastest is the "
+        "closest to the step's own cost); click a column's header to sort by it. A kernel's bytes are those "
+        "of the buffers it reads and writes, each once; its bandwidth is bytes / time, and % of copy compares that with a large "
         "Tensor.copy_ on this machine (buffers that fit in a cache can go past 100%).</p>",
         _steps_table(timed[:TOP_STEPS], measured, facts, total_us, with_graph=True),
         "</section>",
@@ -71,8 +72,20 @@ def _summary(graphs: list[GraphRecord], measured: Measured, facts: PageFacts, to
 def _steps_table(rows: list[tuple[GraphRecord, StepRecord]], measured: Measured, facts: PageFacts,
                  total_us: float, with_graph: bool = False) -> str:  # fmt: skip
     head = ["graph"] if with_graph else []
-    head += ["step", "kind", "name", "time", "% of all", "bytes", "bandwidth", "% of copy", "aten ops", "source lines"]
-    numeric = {"step", "time", "% of all", "bytes", "bandwidth", "% of copy"}
+    head += [
+        "step",
+        "kind",
+        "name",
+        "time",
+        "fastest",
+        "% of all",
+        "bytes",
+        "bandwidth",
+        "% of copy",
+        "aten ops",
+        "source lines",
+    ]
+    numeric = {"step", "time", "fastest", "% of all", "bytes", "bandwidth", "% of copy"}
     header = "".join(f"<th class='{'num' if h in numeric else 'text'}'>{escape(h)}</th>" for h in head)
     lines = [f"<table class='steps sortable'><thead><tr>{header}</tr></thead><tbody>"]
     lines += [_step_row(g, s, measured, facts, total_us, with_graph) for g, s in rows]
@@ -95,6 +108,7 @@ def _step_row(graph: GraphRecord, step: StepRecord, measured: Measured, facts: P
         f"<td class='kind {step.kind}'>{step.kind}</td>",
         f"<td class='name'>{name}</td>",
         _cell(_us(time_us) if time_us is not None else "not run", time_us or 0),
+        _cell(_us(fastest := measured.fastest_us(step.label)), fastest or 0),
         _cell(f"{share:.1f}%" if share is not None else "", share or 0),
         _cell(_bytes(step.bytes_moved), step.bytes_moved),
         _cell(f"{bandwidth / 1e9:.2f} GB/s" if bandwidth else "", bandwidth or 0),

@@ -31,6 +31,12 @@ class Measured:
     def median_us(self, label: str) -> float | None:
         return median_after_first(self.durations_us.get(label, []))
 
+    def fastest_us(self, label: str) -> float | None:
+        """The fastest call: on a machine shared with other work, the closest to the step's own cost
+        (a range's time is wall time, and includes any time the thread was not running)."""
+        times = self.durations_us.get(label)
+        return min(times) if times else None
+
 
 def median_after_first(times: list[float]) -> float | None:
     """The median of the calls after the first (which may pay for warming up: thread pools, a
