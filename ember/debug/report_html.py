@@ -40,8 +40,8 @@ def render_page(graphs: list[GraphRecord], measured: Measured, facts: PageFacts)
         "<p>Median time of one call of each step (kernel, extern or fallback; its first call left out), "
         "slowest first, and its fastest call (times are wall times: on a busy machine the fastest is the "
         "closest to the step's own cost); click a column's header to sort by it. A kernel's bytes are those "
-        "of the buffers it reads and writes, each once; its bandwidth is bytes / time, and % of copy compares that with a large "
-        "Tensor.copy_ on this machine (buffers that fit in a cache can go past 100%).</p>",
+        "of the buffers it reads and writes, each once; its bandwidth is bytes / time, and % of copy compares "
+        "that with a large Tensor.copy_ on this machine (buffers that fit in a cache can go past 100%).</p>",
         _steps_table(timed[:TOP_STEPS], measured, facts, total_us, with_graph=True),
         "</section>",
     ]
