@@ -41,14 +41,20 @@ def report(fn: Callable, *args, path: str = DEFAULT_PATH, calls: int = 3, **kwar
 def report_script(script: str, argv: list[str], path: str = DEFAULT_PATH) -> Path:
     """Run a script that uses ember (torch.compile(..., backend="ember")) under the profiler and
     write its page. Every call the script makes is profiled; each step's time is the median over
-    its calls, so a first call's warm-up weighs little once the script calls a graph a few times."""
-    old_argv = sys.argv
+    its calls, so a first call's warm-up weighs little once the script calls a graph a few times.
+    A script that fails or exits non-zero still gets the page of what ran before."""
+    old_argv, exit_code = sys.argv, None
     sys.argv = [script, *argv]
     try:
         with _report_run(path, f"every call of {Path(script).name}") as profiled, profiled():
-            runpy.run_path(script, run_name="__main__")
+            try:
+                runpy.run_path(script, run_name="__main__")
+            except SystemExit as e:
+                exit_code = e.code
     finally:
         sys.argv = old_argv
+    if exit_code not in (None, 0):
+        raise SystemExit(f"ember report: {script} exited with {exit_code}; the page of what ran: {path}")
     return Path(path)
 
 
@@ -59,8 +65,6 @@ def _report_run(path: str, profiled_calls: str) -> Iterator[Callable]:
     from torch.profiler import ProfilerActivity, profile
 
     from ember.debug.record import recording
-    from ember.debug.report_html import PageFacts, render_page
-    from ember.debug.report_profile import Measured, copy_bandwidth, measure
     from ember.metrics import metrics
 
     breaks_before = Counter(torch._dynamo.utils.counters["graph_break"])
@@ -69,9 +73,23 @@ def _report_run(path: str, profiled_calls: str) -> Iterator[Callable]:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     profiler = profile(activities=activities, profile_memory=True)
     with recording() as collector:
-        yield lambda: profiler
+        try:
+            yield lambda: profiler
+        finally:  # a run that failed part way still gets the page of what ran
+            _write_page(path, collector.graphs, profiler, profiled_calls, breaks_before, compile_before,
+                        fallbacks_before)  # fmt: skip
+
+
+def _write_page(path: str, graphs: list, profiler, profiled_calls: str, breaks_before: Counter,
+                compile_before: Counter, fallbacks_before: Counter) -> None:  # fmt: skip
+    import torch
+
+    from ember.debug.report_html import PageFacts, render_page
+    from ember.debug.report_profile import Measured, copy_bandwidth, measure
+    from ember.metrics import metrics
+
     measured = measure(profiler) if profiler.profiler is not None else Measured()
-    device = torch.device(next((g.device for g in collector.graphs if g.device.startswith("cuda")), "cpu"))
+    device = torch.device(next((g.device for g in graphs if g.device.startswith("cuda")), "cpu"))
     facts = PageFacts(
         title=f"ember report: {profiled_calls}",
         copy_bytes_per_s=copy_bandwidth(device),
@@ -81,4 +99,4 @@ def _report_run(path: str, profiled_calls: str) -> Iterator[Callable]:
         graph_breaks=list((Counter(torch._dynamo.utils.counters["graph_break"]) - breaks_before).items()),
         compile_seconds=dict(Counter(metrics.compile_seconds) - compile_before),
     )
-    Path(path).write_text(render_page(collector.graphs, measured, facts))
+    Path(path).write_text(render_page(graphs, measured, facts))

@@ -202,3 +202,19 @@ def test_measured_peak_counts_allocations_inside_the_call_only():
     assert window_peak(events, 21, 29) == 0
     assert median_after_first([100.0, 3.0, 1.0, 2.0]) == 2.0  # the first (warm-up) call left out
     assert median_after_first([7.0]) == 7.0 and median_after_first([]) is None
+
+
+def test_a_script_that_exits_non_zero_still_gets_its_page(tmp_path):
+    from ember.report import report_script
+
+    script = tmp_path / "failing.py"
+    script.write_text(
+        "import sys, torch\n"
+        "f = torch.compile(lambda x: (x + 1).sin(), backend='ember')\n"
+        "f(torch.randn(4)); f(torch.randn(4))\n"
+        "sys.exit(3)\n"
+    )
+    with pytest.raises(SystemExit, match="exited with 3"):
+        report_script(str(script), [], str(tmp_path / "page.html"))
+    rows = ReportPage((tmp_path / "page.html").read_text()).steps
+    assert any(r["kind"] == "kernel" and float(r["time-us"]) > 0 for r in rows)

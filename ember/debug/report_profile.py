@@ -62,7 +62,7 @@ def measure(prof: torch.profiler.profile) -> Measured:
     for e in events:
         on_gpu = e.device_type() != torch.autograd.DeviceType.CPU
         if e.name() == "[memory]":
-            memory.append((e.start_ns(), e.nbytes(), on_gpu))
+            memory.append((e.start_ns(), e.nbytes(), on_gpu))  # type: ignore[attr-defined]  # (missing from torch's stubs)
         elif e.name().startswith(GRAPH_RANGE_PREFIX) and not on_gpu:
             graphs.append((e.name().removeprefix(GRAPH_RANGE_PREFIX), e.start_ns(), e.end_ns()))
         elif e.name().startswith("ember ") and LABEL_GRAPH.search(e.name()) and on_gpu == gpu:
