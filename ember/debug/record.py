@@ -72,6 +72,10 @@ class GraphRecord:
                      labels: dict[int, str], kernel_sources: dict[str, str]) -> dict[int, str]:  # fmt: skip
         """Records every step; returns the profiler labels made unique to this graph and step."""
         unique = {}
+        code_of: dict[str, str] = {}  # kernel name -> its source (`kernels/<name>.cpp`, before any candidates)
+        for path, text in kernel_sources.items():
+            if path.startswith("kernels/"):
+                code_of.setdefault(path.removeprefix("kernels/").split(".")[0], text)
         for i, step in enumerate(scheduled.steps):
             if isinstance(step, KernelStep):
                 kind, name = "kernel", binaries[i].var if i in binaries else "(empty: nothing to compute)"
@@ -80,8 +84,7 @@ class GraphRecord:
             label = f"{labels[i]} [{self.name} step {i}]" if i in labels else ""
             unique.update({i: label} if label else {})
             reads, writes = tuple(reads_of(step)), tuple(writes_of(step))
-            code = next((text for path, text in kernel_sources.items() if i in binaries and
-                         path.rsplit("/", 1)[-1].split(".")[0] == binaries[i].var), "")  # fmt: skip
+            code = code_of.get(binaries[i].var, "") if i in binaries else ""
             self.steps.append(StepRecord(
                 i, kind, name, label, origins[i].aten_ops, origins[i].sources, origins[i].more_sources,
                 reads, writes, buffer_bytes(graph, (*reads, *writes)), code,
