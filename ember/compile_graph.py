@@ -93,6 +93,7 @@ def _compile_graph(
         with open(config.explain_file, "a") as f:
             f.write(summary.explanation)
     _record(summary, timings)
+    _log_summary(summary, role, key)
     return call
 
 
@@ -201,9 +202,9 @@ def _finish(call: Callable, path: Path, summary) -> Callable:
 
 
 def log_stages(timings: dict[str, float]) -> None:
-    """One `logging` record per stage (logger "ember"), with its seconds."""
+    """One `logging` record per stage (logger "ember", DEBUG), with its seconds."""
     for name, seconds in timings.items():
-        logger.info("stage %s: %.3f s", name, seconds)
+        logger.debug("stage %s: %.3f s", name, seconds)
 
 
 def _record(summary, timings: dict[str, float]) -> None:
@@ -220,6 +221,16 @@ def _record(summary, timings: dict[str, float]) -> None:
     metrics.tally("compile_seconds", timings)
     metrics.tally("fallback_ops", Counter(summary.fallback_ops))
     metrics.tally("pass_rewrites", summary.pass_rewrites)
+
+
+def _log_summary(summary, role: str, key: str) -> None:
+    """What this graph became, through `logging` (logger `ember`): one INFO line naming its
+    fallback ops (correct, only slower, so not a warning), the fusion report at DEBUG."""
+    fallbacks = ", ".join(f"{op} x{n}" for op, n in Counter(summary.fallback_ops).items())
+    counts = (summary.kernels, summary.fusions, summary.refusals, summary.extern_calls)
+    logger.info("%s graph %s: %d kernels, %d fusions (%d refused), %d extern calls%s", role, key[:8], *counts,
+                f"; fallbacks: {fallbacks}" if fallbacks else "")  # fmt: skip
+    logger.debug("%s graph %s:\n%s", role, key[:8], summary.explanation)
 
 
 def graph_device(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> torch.device:

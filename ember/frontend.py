@@ -9,6 +9,7 @@ unless `strict` (EMBER_STRICT=1), which raises.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,8 @@ from ember.errors import EmberError, warn_at_user_code
 from ember.lower.decompositions import corrected_autograd_kernels, decomposition_table
 from ember.metrics import metrics
 from ember.shape_specialization import ShapeSpecializedGraph, is_symbolic
+
+log = logging.getLogger("ember")
 
 
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable:
@@ -70,6 +73,7 @@ def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], con
 
 def eager_fallback(gm: torch.fx.GraphModule, error: Exception) -> Callable:
     metrics.add(graphs_failed=1)
+    log.info("graph runs eagerly: %s", error)  # the user also gets one warning, below
     warn_at_user_code(f"{error}\nember: running this graph eagerly instead (set EMBER_STRICT=1 to raise).")
     return gm.forward
 

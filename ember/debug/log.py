@@ -15,9 +15,12 @@ or inference (AOTAutograd's compiler that handed it over), so a training step's 
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 import threading
 from pathlib import Path
+
+import torch._logging
 
 from ember.ir import ComputedBuffer, IndexedStore, LoweredGraph
 
@@ -26,10 +29,19 @@ _dump_numbers = itertools.count()
 _dump_numbers_lock = threading.Lock()
 
 
+# TORCH_LOGS=output_code shows ember's generated code too (each kernel's source and each
+# wrapper, as inductor's are shown). torch's handlers for TORCH_LOGS sit on its own "torch"
+# logger, so the artifact logger is named under it: that is the only route TORCH_LOGS offers.
+output_code_log = torch._logging.getArtifactLogger("torch.ember", "output_code")
+CODE_FILES = ("kernels/", "wrapper.py")
+
+
 class DebugDump:
     def __init__(self, enabled: bool, root: str, graph_key: str, role: str = "graph"):
         self.enabled = enabled
         self.captured: dict[str, str] | None = None  # set to a dict to keep what is written (ember report)
+        self.log_code = output_code_log.isEnabledFor(logging.DEBUG)
+        self.label = f"{role} graph {graph_key[:8]}"
         self.folder = Path(root) / f"{role}_{graph_key[:8]}"
         if enabled:
             with _dump_numbers_lock:
@@ -43,6 +55,8 @@ class DebugDump:
             self.captured[name] = text
         if self.enabled:
             (self.folder / name).write_text(text)
+        if self.log_code and name.startswith(CODE_FILES):
+            output_code_log.debug("ember output code, %s, %s:\n%s", self.label, name, text)
 
 
 def describe_fusion(scheduled, origins: list | None = None) -> str:
