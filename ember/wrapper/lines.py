@@ -1,6 +1,6 @@
 """The wrapper as data: one object per line of the generated `call`, each rendering itself.
 
-Memory planning (plan.py, seed 003) rewrites this list before it is rendered: a freed
+Memory planning (plan.py) rewrites this list before it is rendered: a freed
 buffer's FreeIfNotReused becomes Null and a later Allocate of the same size becomes Reuse.
 """
 
