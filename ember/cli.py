@@ -1,6 +1,10 @@
 """The `ember` command: demo, cache management.
 
+ember --version      ember's version, and the torch it runs with (if installed)
 ember demo           compile a built-in program, show its kernel and wrapper, time it
+ember report script.py [args] [-o page.html]
+                     run a script under the profiler; write one self-contained HTML page of its graphs,
+                     each kernel's time, bandwidth, ops and source lines (ember/report.py)
 ember bench [...]    the side-by-side benchmark (eager, inductor, ember); flags as benchmarks/README.md
 ember cache clear    remove what ember wrote in its cache folder (EMBER_CACHE_DIR or ~/.cache/ember),
                      and nothing else (runtime/cache_clear.py)
@@ -16,11 +20,16 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="ember", description="ember, a deep-learning compiler for PyTorch")
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="compile a built-in program and compare it with eager")
     explain = commands.add_parser("explain", help="run a script and explain what ember did with each graph")
     explain.add_argument("script")
     explain.add_argument("args", nargs=argparse.REMAINDER)
+    report = commands.add_parser("report", help="run a script and write an HTML report of its graphs and kernel times")
+    report.add_argument("-o", "--output", default="ember_report.html", help="the page's path (ember_report.html)")
+    report.add_argument("script")
+    report.add_argument("args", nargs=argparse.REMAINDER)
     commands.add_parser("bench", help="benchmark eager, inductor and ember side by side (flags: ember bench -h)")
     cache = commands.add_parser("cache", help="manage the on-disk cache")
     cache.add_argument("action", choices=["clear", "info"])
@@ -37,8 +46,25 @@ def main(argv: list[str] | None = None) -> None:
         from ember.explain import explain_script
 
         print(explain_script(args.script, args.args))
+    elif args.command == "report":
+        from ember.report import report_script
+
+        print(f"ember report: {report_script(args.script, args.args, args.output).resolve()}")
     elif args.command == "cache":
         _cache(args.action)
+
+
+def _version() -> str:
+    """ember's version and torch's, read from package metadata (importing torch takes seconds)."""
+    from importlib import metadata
+
+    from ember import __version__
+
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return f"ember {__version__} (torch {torch_version})"
 
 
 def _cache(action: str) -> None:
@@ -65,11 +91,17 @@ def _cache(action: str) -> None:
 
 
 def _bench(argv: list[str]) -> None:
-    try:  # the suite lives beside the package, in the repository checkout
+    """The suite lives beside the package in the repository checkout, not in an installed wheel:
+    from an editable install (`pip install -e .`) it is found from any directory."""
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "benchmarks" / "run.py").is_file() and str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    try:
         from benchmarks.run import main as bench
-    except ImportError:
+    except ImportError as e:
         raise SystemExit(
-            "ember bench: run it from an ember repository checkout (benchmarks/ is not installed)"
+            f"ember bench: the benchmark suite is not installed with ember ({e}); it runs from a repository "
+            "checkout: `pip install -e .[bench]` there, then `ember bench` works from any directory"
         ) from None
     bench(argv)
 
