@@ -24,15 +24,17 @@ from ember.compile_graph import compile_graph
 from ember.errors import EmberError
 from ember.lower.decompositions import corrected_autograd_kernels, decomposition_table
 from ember.metrics import metrics
+from ember.passes.eager_memory import INPUTS_HELD
 from ember.shape_specialization import ShapeSpecializedGraph, is_symbolic
 
 
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable:
     """The `torch.compile(..., backend="ember")` entry point."""
     config = config_module.load(**options)
-    compiler = functools.partial(compile_or_fallback, config=config)
-    backend = aot_autograd(
-        fw_compiler=compiler, bw_compiler=compiler, decompositions=decomposition_table(config.fallback_random)
+    forward = functools.partial(compile_or_fallback, config=config, inputs_held=True)
+    backward = functools.partial(compile_or_fallback, config=config)
+    backend = aot_autograd(  # (the forward's compiler compiles inference graphs too)
+        fw_compiler=forward, bw_compiler=backward, decompositions=decomposition_table(config.fallback_random)
     )
     start, ember_seconds = time.perf_counter(), metrics.compile_seconds.total()
     try:
@@ -51,10 +53,14 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
         metrics.tally("compile_seconds", {"aot_autograd": time.perf_counter() - start - inside})
 
 
-def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config) -> Callable:
+def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config, inputs_held: bool = False) -> Callable:
+    """`inputs_held`: a forward or inference graph, whose caller holds every input through the
+    call (passes/eager_memory.py INPUTS_HELD)."""
     if is_symbolic(example_inputs):  # Note: dynamic shapes by specialization
-        static_compiler = functools.partial(compile_or_fallback, config=config)
+        static_compiler = functools.partial(compile_or_fallback, config=config, inputs_held=inputs_held)
         return ShapeSpecializedGraph(gm, static_compiler, config.shape_specializations, config.strict)
+    if inputs_held:
+        gm.meta[INPUTS_HELD] = True
     try:
         return compile_graph(gm, example_inputs, config)
     except Exception as e:
