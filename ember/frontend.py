@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +20,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from ember import config as config_module
 from ember.compile_graph import compile_graph
-from ember.errors import EmberError
+from ember.errors import EmberError, warn_at_user_code
 from ember.lower.decompositions import corrected_autograd_kernels, decomposition_table
 from ember.metrics import metrics
 from ember.passes.eager_memory import INPUTS_HELD
@@ -71,7 +70,7 @@ def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], con
 
 def eager_fallback(gm: torch.fx.GraphModule, error: Exception) -> Callable:
     metrics.add(graphs_failed=1)
-    warnings.warn(f"{error}\nember: running this graph eagerly instead (set EMBER_STRICT=1 to raise).", stacklevel=3)
+    warn_at_user_code(f"{error}\nember: running this graph eagerly instead (set EMBER_STRICT=1 to raise).")
     return gm.forward
 
 

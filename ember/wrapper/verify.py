@@ -33,7 +33,6 @@ Note: verifying a compiled graph
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +41,7 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ember.errors import EmberError
+from ember.errors import EmberError, warn_at_user_code
 from ember.ir import ExternCall, Layout, LoweredGraph
 from ember.metrics import metrics
 from ember.schedule import KernelStep, Step
@@ -141,7 +140,7 @@ class VerifiedGraph:
             metrics.add(verify_mismatches=1)
             if self.strict:
                 raise VerificationError(found[0].message())
-            warnings.warn(f"ember verify: {found[0].message()}", stacklevel=2)
+            warn_at_user_code(f"ember verify: {found[0].message()}")
         return result
 
 
