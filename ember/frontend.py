@@ -52,7 +52,9 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
         metrics.tally("compile_seconds", {"aot_autograd": time.perf_counter() - start - inside})
 
 
-def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config, inputs_held: bool = False) -> Callable:
+def compile_or_fallback(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], config, inputs_held: bool = False
+) -> Callable:
     """`inputs_held`: a forward or inference graph, whose caller holds every input through the
     call (passes/eager_memory.py INPUTS_HELD)."""
     if is_symbolic(example_inputs):  # Note: dynamic shapes by specialization

@@ -80,10 +80,12 @@ def test_training_peak_at_most_eager(norm):
     assert ours <= eager, f"ember's peak {ours} bytes, eager's {eager}"
 
 
+SCRATCHPAD_SHAPES = [(64, 512, 512), (256, 1024, 1024), (4, 2048, 64), (1000, 100, 1000), (2048, 16, 16),
+                     (8, 768, 4096), (128, 1025, 256), (64, 3072, 768), (32, 40, 8)]  # fmt: skip
+
+
 @pytest.mark.skipif(not mkldnn.applicable(), reason="torch built without oneDNN")
-@pytest.mark.parametrize("rows, in_features, out_features", [(64, 512, 512), (256, 1024, 1024), (4, 2048, 64),
-                                                             (1000, 100, 1000), (2048, 16, 16), (8, 768, 4096),
-                                                             (128, 1025, 256), (64, 3072, 768), (32, 40, 8)])  # fmt: skip
+@pytest.mark.parametrize("rows, in_features, out_features", SCRATCHPAD_SHAPES)
 @pytest.mark.parametrize("transposed_input", [False, True])
 def test_onednn_scratchpad_bound(rows, in_features, out_features, transposed_input):
     """The bound the oneDNN rewrite relies on holds, and is tight: oneDNN works in K blocks of 512
