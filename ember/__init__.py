@@ -1,7 +1,7 @@
 """ember: a deep-learning compiler for PyTorch. `torch.compile(model, backend="ember")`.
 
 `compile` and `ember_backend` load on first use (PEP 562), so `import ember` and the `ember`
-command's `--help` and `--version` do not pay for importing torch. `metrics` and `explain` are
+command's `--help` and `--version` do not pay for importing torch. `metrics`, `explain` and `report` are
 imported here: they share their names with submodules, which an import of the submodule
 elsewhere would otherwise leave in their place.
 """
@@ -15,8 +15,9 @@ __version__ = "0.1.0"
 
 from ember.explain import explain  # noqa: E402
 from ember.metrics import metrics  # noqa: E402
+from ember.report import report  # noqa: E402
 
-__all__ = ["compile", "ember_backend", "explain", "metrics", "__version__"]
+__all__ = ["compile", "ember_backend", "explain", "metrics", "report", "__version__"]
 
 if TYPE_CHECKING:
     from ember.frontend import compile, ember_backend

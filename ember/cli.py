@@ -2,6 +2,9 @@
 
 ember --version      ember's version, and the torch it runs with (if installed)
 ember demo           compile a built-in program, show its kernel and wrapper, time it
+ember report script.py [args] [-o page.html]
+                     run a script under the profiler; write one self-contained HTML page of its graphs,
+                     each kernel's time, bandwidth, ops and source lines (ember/report.py)
 ember bench [...]    the side-by-side benchmark (eager, inductor, ember); flags as benchmarks/README.md
 ember cache clear    remove what ember wrote in its cache folder (EMBER_CACHE_DIR or ~/.cache/ember),
                      and nothing else (runtime/cache_clear.py)
@@ -23,6 +26,10 @@ def main(argv: list[str] | None = None) -> None:
     explain = commands.add_parser("explain", help="run a script and explain what ember did with each graph")
     explain.add_argument("script")
     explain.add_argument("args", nargs=argparse.REMAINDER)
+    report = commands.add_parser("report", help="run a script and write an HTML report of its graphs and kernel times")
+    report.add_argument("-o", "--output", default="ember_report.html", help="the page's path (ember_report.html)")
+    report.add_argument("script")
+    report.add_argument("args", nargs=argparse.REMAINDER)
     commands.add_parser("bench", help="benchmark eager, inductor and ember side by side (flags: ember bench -h)")
     cache = commands.add_parser("cache", help="manage the on-disk cache")
     cache.add_argument("action", choices=["clear", "info"])
@@ -39,6 +46,10 @@ def main(argv: list[str] | None = None) -> None:
         from ember.explain import explain_script
 
         print(explain_script(args.script, args.args))
+    elif args.command == "report":
+        from ember.report import report_script
+
+        print(f"ember report: {report_script(args.script, args.args, args.output).resolve()}")
     elif args.command == "cache":
         _cache(args.action)
 

@@ -24,6 +24,8 @@ from ember.compile_triton import TritonBackend
 from ember.config import Config
 from ember.debug.log import DebugDump, describe_fusion, describe_ir
 from ember.debug.progress import CompileProgress, StageTimes, logger
+from ember.debug.provenance import profiler_labels, step_origins
+from ember.debug.record import GraphRecord, is_recording, new_graph_record
 from ember.errors import EmberError, stage
 from ember.lower import lower_graph
 from ember.metrics import metrics
@@ -39,16 +41,17 @@ from ember.wrapper.python import WrapperSource, generate_wrapper, load_wrapper
 from ember.wrapper.verify import VerifiedGraph
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config) -> Callable:
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, role: str = "graph") -> Callable:
+    """`role` (forward, backward, inference) names the graph in debug dumps."""
     progress = CompileProgress()
     try:
-        return _compile_graph(gm, example_inputs, config, StageTimes(progress))
+        return _compile_graph(gm, example_inputs, config, StageTimes(progress), role)
     finally:
         progress.finish()
 
 
 def _compile_graph(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, timings: StageTimes
+    gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, timings: StageTimes, role: str
 ) -> Callable:
     cache_dir = open_root(config.cache_dir)  # refuses a folder others could put code in (Note: cache safety)
     received = gm.print_readable(print_output=False) if config.debug else ""
@@ -63,7 +66,7 @@ def _compile_graph(
     versions += f" {machine_identity()}" if config.kernel_search else ""  # a wrapper may hold a recorded winner
     # a debug run wants every stage's dump, so it never loads a graph whole; a verified one needs
     # the lowered graph and the steps, which a cached graph does not keep
-    use_cache = config.graph_cache and not config.debug and not config.verify
+    use_cache = config.graph_cache and not config.debug and not config.verify and not is_recording()
     original = gm  # the passes work on a copy: verify checks against the graph as received
     key, call = None, None
     if not hooks:
@@ -74,13 +77,14 @@ def _compile_graph(
         if hooks:
             key, call = _key_and_cached(gm, example_inputs, config, versions, use_cache, timings)
     assert key is not None
-    debug = DebugDump(config.debug, config.debug_dir, key)
+    debug = DebugDump(config.debug, config.debug_dir, key, role)
+    record = new_graph_record(role, key)  # Note: report records (debug/record.py); None without a report
     if call is None:
         debug.write("fx_graph.txt", received)
         debug.write("fx_graph_after_passes.txt", gm.print_readable(print_output=False))
-        call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings, original)
+        call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings, original, record)
         summary.pass_rewrites = dict(rewrites)
-        if config.graph_cache and not config.verify:  # off means neither loaded nor written
+        if config.graph_cache and not config.verify and record is None:  # off means neither loaded nor written
             with stage("graph_cache_store", timings):
                 graph_cache.store(cache_dir, key, source, objects, summary)
     else:
@@ -91,6 +95,7 @@ def _compile_graph(
         with open(config.explain_file, "a") as f:
             f.write(summary.explanation)
     _record(summary, timings)
+    _log_summary(summary, role, key)
     return call
 
 
@@ -104,10 +109,12 @@ def _key_and_cached(gm, example_inputs, config: Config, versions: str, use_cache
 
 
 def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump, timings: dict,
-                    original: torch.fx.GraphModule | None = None) -> tuple:  # fmt: skip
+                    original: torch.fx.GraphModule | None = None,
+                    record: GraphRecord | None = None) -> tuple:  # fmt: skip
     """Every stage, in order; returns the loaded wrapper, its source and a summary. The backend
     (Note: backends, backend.py) does what differs between C++ and Triton. `original`: the
-    graph before the passes, which `config.verify` checks each call against."""
+    graph before the passes, which `config.verify` checks each call against. `record`: what a
+    report keeps of the graph (Note: report records, debug/record.py), None without a report."""
     device = graph_device(gm, example_inputs)
     backend = backend_for(device, config)
     with stage("lower", timings):
@@ -125,8 +132,15 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         scheduled = schedule(graph, fusion=config.fusion)
         steps = scheduled.steps
     metrics.tally("schedule_work", vars(scheduled.work))
-    debug.write("fusion.txt", describe_fusion(scheduled))
+    origins = step_origins(gm, graph.holds, steps)
+    debug.write("fusion.txt", describe_fusion(scheduled, origins))
+    if record is not None:
+        debug.captured = {}  # the kernels' sources, for the report
     generated = backend.generate(graph, steps, config, debug, timings)
+    labels = profiler_labels(steps, origins, {i: k.var for i, k in generated.binaries.items()})
+    if record is not None:
+        record.aten_graph, record.timings, record.device = gm.print_readable(print_output=False), timings, str(device)
+        labels = record.record_steps(graph, scheduled, origins, generated.binaries, labels, debug.captured)
     with stage("wrapper", timings):
         host_inputs = frozenset(b.name for b, x in zip(graph.inputs, example_inputs)
                                 if isinstance(x, torch.Tensor) and x.device != device)  # fmt: skip
@@ -139,14 +153,17 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
             config.huge_pages,
             config.buffer_pool_mb << 20,
             config.verify,
+            labels,
         )
         call, path = load_wrapper(wrapper, graph.constants, Path(config.cache_dir))
         if config.verify:  # Note: verifying a compiled graph
             original = original if original is not None else gm
             call = VerifiedGraph(call, original, graph, steps, generated.binaries, config.strict)
     debug.write("wrapper.py", wrapper.source)
+    if record is not None:
+        record.planned_peak_bytes, record.fallback_ops = wrapper.peak_bytes, list(lowering.fallback_ops)
     explanation = (
-        f"=== graph with inputs {[b.name for b in graph.inputs]}\n{describe_fusion(scheduled)}"
+        f"=== graph with inputs {[b.name for b in graph.inputs]}\n{describe_fusion(scheduled, origins)}"
         f"planned peak memory of intermediates: {wrapper.peak_bytes} bytes\n\n"
     )
     summary = graph_cache.GraphSummary(
@@ -155,6 +172,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         reduce_loops=generated.reduce_loops, fallback_ops=list(lowering.fallback_ops), explanation=explanation,
         tiled_kernels=generated.tiled_kernels,
     )  # fmt: skip
+    call = record.in_profiler_range(call) if record is not None else call
     return _finish(call, path, summary), wrapper.source, wrapper.objects, summary
 
 
@@ -186,9 +204,9 @@ def _finish(call: Callable, path: Path, summary) -> Callable:
 
 
 def log_stages(timings: dict[str, float]) -> None:
-    """One `logging` record per stage (logger "ember"), with its seconds."""
+    """One `logging` record per stage (logger "ember", DEBUG), with its seconds."""
     for name, seconds in timings.items():
-        logger.info("stage %s: %.3f s", name, seconds)
+        logger.debug("stage %s: %.3f s", name, seconds)
 
 
 def _record(summary, timings: dict[str, float]) -> None:
@@ -205,6 +223,16 @@ def _record(summary, timings: dict[str, float]) -> None:
     metrics.tally("compile_seconds", timings)
     metrics.tally("fallback_ops", Counter(summary.fallback_ops))
     metrics.tally("pass_rewrites", summary.pass_rewrites)
+
+
+def _log_summary(summary, role: str, key: str) -> None:
+    """What this graph became, through `logging` (logger `ember`): one INFO line naming its
+    fallback ops (correct, only slower, so not a warning), the fusion report at DEBUG."""
+    fallbacks = ", ".join(f"{op} x{n}" for op, n in Counter(summary.fallback_ops).items())
+    counts = (summary.kernels, summary.fusions, summary.refusals, summary.extern_calls)
+    logger.info("%s graph %s: %d kernels, %d fusions (%d refused), %d extern calls%s", role, key[:8], *counts,
+                f"; fallbacks: {fallbacks}" if fallbacks else "")  # fmt: skip
+    logger.debug("%s graph %s:\n%s", role, key[:8], summary.explanation)
 
 
 def graph_device(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> torch.device:

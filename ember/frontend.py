@@ -9,6 +9,7 @@ unless `strict` (EMBER_STRICT=1), which raises.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,14 +27,21 @@ from ember.metrics import metrics
 from ember.passes.eager_memory import INPUTS_HELD
 from ember.shape_specialization import ShapeSpecializedGraph, is_symbolic
 
+log = logging.getLogger("ember")
+
 
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable:
     """The `torch.compile(..., backend="ember")` entry point."""
     config = config_module.load(**options)
-    forward = functools.partial(compile_or_fallback, config=config, inputs_held=True)
-    backward = functools.partial(compile_or_fallback, config=config)
-    backend = aot_autograd(  # (the forward's compiler compiles inference graphs too)
-        fw_compiler=forward, bw_compiler=backward, decompositions=decomposition_table(config.fallback_random)
+
+    def compiler(role: str) -> Callable:  # the role names the graph's debug dump
+        return functools.partial(compile_or_fallback, config=config, role=role)
+
+    backend = aot_autograd(
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=decomposition_table(config.fallback_random),
     )
     start, ember_seconds = time.perf_counter(), metrics.compile_seconds.total()
     try:
@@ -52,18 +60,16 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
         metrics.tally("compile_seconds", {"aot_autograd": time.perf_counter() - start - inside})
 
 
-def compile_or_fallback(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], config, inputs_held: bool = False
-) -> Callable:
-    """`inputs_held`: a forward or inference graph, whose caller holds every input through the
-    call (passes/eager_memory.py INPUTS_HELD)."""
+def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config, role: str = "graph") -> Callable:
+    """`role`: forward, backward, inference, or graph (unknown). A forward's or an inference
+    graph's caller holds every input through the call (passes/eager_memory.py INPUTS_HELD)."""
     if is_symbolic(example_inputs):  # Note: dynamic shapes by specialization
-        static_compiler = functools.partial(compile_or_fallback, config=config, inputs_held=inputs_held)
+        static_compiler = functools.partial(compile_or_fallback, config=config, role=role)
         return ShapeSpecializedGraph(gm, static_compiler, config.shape_specializations, config.strict)
-    if inputs_held:
+    if role in ("forward", "inference"):
         gm.meta[INPUTS_HELD] = True
     try:
-        return compile_graph(gm, example_inputs, config)
+        return compile_graph(gm, example_inputs, config, role)
     except Exception as e:
         if config.strict:
             raise
@@ -72,6 +78,7 @@ def compile_or_fallback(
 
 def eager_fallback(gm: torch.fx.GraphModule, error: Exception) -> Callable:
     metrics.add(graphs_failed=1)
+    log.info("graph runs eagerly: %s", error)  # the user also gets one warning, below
     warn_at_user_code(f"{error}\nember: running this graph eagerly instead (set EMBER_STRICT=1 to raise).")
     return gm.forward
 

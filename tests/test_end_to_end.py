@@ -202,6 +202,20 @@ def test_debug_dump(tmp_path, monkeypatch, capsys):
     assert str(graph_dir.resolve()) in capsys.readouterr().err
 
 
+def test_debug_dumps_are_numbered_and_named_by_role(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_DEBUG", "1")
+    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path))
+    x = torch.randn(4, 3, requires_grad=True)
+    compile_fn(lambda a: (a.sin() * 2).sum())(x).backward()
+    with torch.no_grad():
+        compile_fn(lambda a: a.cos() + 1)(x)
+    names = sorted(folder.name for folder in tmp_path.iterdir())
+    roles = [name.split("_")[1] for name in names]
+    assert roles == ["forward", "backward", "inference"], names
+    numbers = [int(name.split("_")[0]) for name in names]
+    assert numbers == sorted(set(numbers))  # distinct, in compile order
+
+
 def test_ember_compile_rejects_unknown_option():
     with pytest.raises(TypeError, match="unknown ember option"):
         ember.compile(lambda x: x, not_an_option=1)

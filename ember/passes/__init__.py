@@ -1,4 +1,4 @@
-"""Stage `passes`: FX graph passes on the aten graph, before lowering (seed 002).
+"""Stage `passes`: FX graph passes on the aten graph, before lowering (as TorchInductor's).
 
 Takes the functional aten graph AOTAutograd produced and rewrites a copy of it (a failed
 compile runs the original eagerly); lowering sees the result. The steps, in order:

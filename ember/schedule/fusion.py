@@ -1,4 +1,4 @@
-"""The fusion loop (seed 001): merge groups of computed buffers into kernels.
+"""The fusion loop (after TorchInductor's scheduler): merge groups of computed buffers into kernels.
 
 Each round lists candidate pairs (groups that share a buffer), best first by bytes of
 memory traffic saved, then by closeness in program order, and merges every pair that

@@ -1,4 +1,4 @@
-"""Memory planning over the wrapper's lines (seed 003).
+"""Memory planning over the wrapper's lines (after TorchInductor's wrapper).
 
 Walks the lines keeping a pool of freed buffers keyed by (dtype, storage bytes). An
 Allocate that finds a buffer of its key in the pool takes it over (Reuse) and the old
