@@ -113,7 +113,8 @@ def row(name: str, mode: str, compilers: list[str], quick: bool) -> list[str] | 
     for compiler in compilers:
         if compiler != "eager":
             ratio = peaks[compiler] / max(peaks["eager"], 1) if compiler in peaks and "eager" in peaks else None
-            cells.append("-" if ratio is None else f"{ratio:.2f}")
+            above = ratio is not None and peaks[compiler] > peaks["eager"]  # (a ratio of 1.0002 prints as 1.000)
+            cells.append("-" if ratio is None else f"{ratio:.3f}" + (" (above)" if above else ""))
     return cells
 
 

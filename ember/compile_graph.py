@@ -30,6 +30,7 @@ from ember.errors import EmberError, stage
 from ember.lower import lower_graph
 from ember.metrics import metrics
 from ember.passes import run_passes
+from ember.passes.eager_memory import INPUTS_HELD
 from ember.runtime import graph_cache
 from ember.runtime.cache import CacheDirectoryError, open_root
 from ember.runtime.cache_identity import graph_identity
@@ -56,6 +57,7 @@ def _compile_graph(
     received = gm.print_readable(print_output=False) if config.debug else ""
     versions = graph_identity(kernel_identity(config.cxx))
     versions += f" threads={torch.get_num_threads()}"  # the oneDNN rewrites depend on it (passes/mkldnn.py)
+    versions += " inputs_held" if gm.meta.get(INPUTS_HELD) else ""  # and on this (passes/eager_memory.py)
     # Note: the graph cache key and the passes. ember's own passes are a function of the graph,
     # the config and ember's source, all in the key: without user hooks the graph is keyed as
     # received, and a hit skips the passes too. A user's hook may do anything, so with hooks

@@ -2,7 +2,9 @@
 torch.profiler's memory events over one warm call, ember's buffer pool emptied first.
 
 - inference: a oneDNN linear's scratchpad is taken only where it fits under the peak the graph
-  reaches anyway (Note: oneDNN's scratchpad, passes/mkldnn.py), and its bound holds;
+  reaches anyway (Note: oneDNN's scratchpad, passes/mkldnn.py), and its bound holds, tightly
+  enough that the linears of an encoder layer and of a classifier MLP's forward all fit: their
+  inputs are held by the caller (passes/eager_memory.py INPUTS_HELD);
 - training: the backward drops each saved activation after its last use (Note: inputs die at
   their last use, wrapper/python.py), as eager's autograd frees them node by node."""
 
@@ -11,6 +13,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
+from ember.metrics import metrics
 from ember.passes import mkldnn
 from ember.runtime.memory import release_pooled_buffers
 from tests.helpers import compile_fn, cpu_kernels_only
@@ -77,13 +80,17 @@ def test_training_peak_at_most_eager(norm):
     assert ours <= eager, f"ember's peak {ours} bytes, eager's {eager}"
 
 
+SCRATCHPAD_SHAPES = [(64, 512, 512), (256, 1024, 1024), (4, 2048, 64), (1000, 100, 1000), (2048, 16, 16),
+                     (8, 768, 4096), (128, 1025, 256), (64, 3072, 768), (32, 40, 8)]  # fmt: skip
+
+
 @pytest.mark.skipif(not mkldnn.applicable(), reason="torch built without oneDNN")
-@pytest.mark.parametrize("rows, in_features, out_features", [(64, 512, 512), (256, 1024, 1024), (4, 2048, 64),
-                                                             (1000, 100, 1000), (2048, 16, 16)])  # fmt: skip
+@pytest.mark.parametrize("rows, in_features, out_features", SCRATCHPAD_SHAPES)
 @pytest.mark.parametrize("transposed_input", [False, True])
 def test_onednn_scratchpad_bound(rows, in_features, out_features, transposed_input):
-    """The bound the oneDNN rewrite relies on holds (oneDNN splits K = 1024 into two panels of 512:
-    the bound, with one of 1024, is up to twice the need there)."""
+    """The bound the oneDNN rewrite relies on holds, and is tight: oneDNN works in K blocks of 512
+    up to K = 1024 (`panel_depth`), so a bound with panels 1024 deep is twice the need there and
+    leaves room for a linear only where it needs none."""
     x = torch.randn(in_features, rows).t() if transposed_input else torch.randn(rows, in_features)
     w = torch.randn(out_features, in_features)
     events = _events(lambda: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""))
@@ -93,4 +100,67 @@ def test_onednn_scratchpad_bound(rows, in_features, out_features, transposed_inp
         live += nbytes
         scratchpad = max(scratchpad, live - (output if live >= output else 0))
     bound = mkldnn.linear_scratchpad_bytes(x, in_features, torch.get_num_threads())
-    assert scratchpad <= bound <= 2.1 * scratchpad + 8192, (scratchpad, bound)
+    assert scratchpad <= bound <= 1.02 * scratchpad + 8192, (scratchpad, bound)
+
+
+@pytest.fixture
+def two_threads():
+    """The rewrites depend on the thread count (the scratchpad is per thread): fixed for the counts."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _rewrites_while(fn) -> int:
+    before = metrics.pass_rewrites["mkldnn_linear"]
+    fn()
+    return metrics.pass_rewrites["mkldnn_linear"] - before
+
+
+@pytest.mark.skipif(not mkldnn.applicable(), reason="torch built without oneDNN")
+def test_encoder_layer_linears_use_onednn_within_eager_peak(two_threads):
+    """All four linears of an inference encoder layer become oneDNN linears, the first one too:
+    its weight is held by the module, so the layer's peak (at the feed-forward) comes later and
+    leaves room. Counting that weight as dying after its last use put the peak at the start, with
+    no room for the first linear."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True, norm_first=True).eval()
+    x = torch.randn(8, 64, 256)
+    compiled = compile_fn(layer)
+    with torch.no_grad():
+        assert _rewrites_while(lambda: compiled(x)) == 4
+        compiled(x)
+        eager, ours = peak_bytes(lambda: layer(x)), peak_bytes(lambda: compiled(x))
+        torch.testing.assert_close(compiled(x), layer(x), rtol=1e-4, atol=1e-4)
+    assert ours <= eager, f"ember's peak {ours} bytes, eager's {eager}"
+
+
+@pytest.mark.skipif(not mkldnn.applicable(), reason="torch built without oneDNN")
+def test_classifier_training_linears_use_onednn_within_eager_peak(two_threads):
+    """A classifier MLP's training step: the three forward linears (K = 512 and 1024, whose panel
+    is 512 deep) and the backward's row-major matmul become oneDNN linears; the backward's others
+    read a transposed input or have no room. The step's peak stays at most eager's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 100))
+    x, target = torch.randn(128, 512), torch.randint(0, 100, (128,))
+    compiled = compile_fn(model)
+
+    def step(m):
+        def run():
+            torch.nn.functional.cross_entropy(m(x), target).backward()
+
+        return run
+
+    def measured(m) -> tuple[int, list[torch.Tensor]]:
+        for p in model.parameters():
+            p.grad = None
+        return peak_bytes(step(m)), [p.grad.clone() for p in model.parameters()]
+
+    assert _rewrites_while(step(compiled)) == 4
+    step(compiled)()
+    ours, grads = measured(compiled)
+    eager, _ = measured(model)
+    for got, want in zip(grads, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert ours <= eager, f"ember's peak {ours} bytes, eager's {eager}"

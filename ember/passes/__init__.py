@@ -30,6 +30,7 @@ import torch.fx
 from ember.config import Config
 from ember.errors import EmberError
 from ember.passes import layout, mkldnn, noops
+from ember.passes.eager_memory import INPUTS_HELD
 
 
 def run_passes(gm: torch.fx.GraphModule, config: Config) -> tuple[torch.fx.GraphModule, Counter]:
@@ -44,7 +45,7 @@ def run_passes(gm: torch.fx.GraphModule, config: Config) -> tuple[torch.fx.Graph
         if config.conv_channels_last:
             rewrites["channels_last"] += layout.channels_last_convolutions(graph)
         if config.mkldnn_fusion and mkldnn.applicable():
-            mkldnn.annotate_headroom(graph)  # Note: oneDNN's scratchpad
+            mkldnn.annotate_headroom(graph, gm.meta.get(INPUTS_HELD, False))  # Note: oneDNN's scratchpad
             rewrites["mkldnn_linear"] += mkldnn.pm_mkldnn_linear.apply(graph)
             if config.mkldnn_relu:
                 rewrites["mkldnn_linear"] += mkldnn.pm_mkldnn_linear_relu.apply(graph)

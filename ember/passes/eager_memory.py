@@ -5,7 +5,8 @@ Each node that computes allocates its result (every tensor of its fake value) an
 the last node that reads it or a view of it; views allocate nothing; graph outputs stay to the
 end. Inputs exist before the call: benchmarks/memory.py (Note: how peak memory is measured) does
 not count them, but one that dies during the call lowers what is live after it, so they are
-counted as well, dying at their last use, and the smaller headroom of the two is kept.
+counted as well, dying at their last use, and the smaller headroom of the two is kept, unless
+the caller is known to hold every input (`INPUTS_HELD`).
 """
 
 from __future__ import annotations
@@ -17,17 +18,26 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten
 
+# GraphModule.meta key, set by the frontend on forward and inference graphs: the caller holds every
+# input through the call (the module its parameters, the user's frame its arguments), so none dies
+# in it. A backward's inputs are the forward's saved tensors, which AOTAutograd hands over and which
+# die at their last use (wrapper/python.py, Note: inputs die at their last use). Part of the graph key.
+INPUTS_HELD = "ember_inputs_held"
 
-def headroom_bytes(graph: torch.fx.Graph) -> dict[torch.fx.Node, int]:
+
+def headroom_bytes(graph: torch.fx.Graph, inputs_held: bool = False) -> dict[torch.fx.Node, int]:
     """For each computing node, how many bytes more than its result it may hold while it runs
     without raising the graph's peak: the peak less what is live once its result exists.
 
-    Whether the caller keeps an input alive is unknown here (a weight stays; a backward's saved
-    activation dies at its last use, wrapper/python.py), so both are tried and the smaller
-    headroom is kept."""
+    `inputs_held`: the caller holds every input (`INPUTS_HELD`). Otherwise whether it keeps an
+    input alive is unknown (a weight stays; a backward's saved activation dies at its last use),
+    so both are tried and the smaller headroom is kept: with inputs dying, the peak may come
+    early, while they are all live, leaving a later node less room than their staying would."""
     owner = _storage_owners(graph)
     last_use = _last_uses(graph, owner)
     kept = _headroom(graph, owner, last_use, inputs_die=False)
+    if inputs_held:
+        return kept
     dying = _headroom(graph, owner, last_use, inputs_die=True)
     return {node: min(room, dying[node]) for node, room in kept.items()}
 

@@ -58,10 +58,11 @@ LINEAR_MIN_MACS = 1 << 20
 
 # Note: oneDNN's scratchpad
 # oneDNN's matmul takes a scratchpad from torch's allocator on every call, freed when it returns:
-# per thread, a K x 64 panel of the weight copied into its own layout (K capped at 1024, rounded
-# up to 16), and a copy of the whole input when that is not row-major (so a transposed input,
+# per thread, a D x 64 panel of the weight copied into its own layout, D the depth of the K blocks
+# it works in (`panel_depth`: K rounded up to 16 up to 512; 512 for K up to 1024; 1024 beyond,
+# whatever M, N and the thread count), and a copy of the whole input when that is not row-major (so a transposed input,
 # a weight gradient's, stays with aten, whose BLAS reads it in place) (measured with
-# torch.profiler's memory events for oneDNN 3.x; tests/test_passes.py checks the bound on several
+# torch.profiler's memory events for oneDNN 3.x; tests/test_peak_memory.py checks the bound on several
 # shapes). MKL's sgemm behind aten's addmm packs into buffers it keeps from call to call, so a
 # oneDNN linear costs memory where an addmm costs none: 2 MiB per call at 16 threads, more than
 # the activations of a small model. So a matmul becomes a oneDNN linear only where that
@@ -70,13 +71,13 @@ LINEAR_MIN_MACS = 1 << 20
 # The decision depends on the thread count, which is in the graph cache key.
 HEADROOM = "ember_headroom_bytes"  # node.meta key: what annotate_headroom found for the node
 WEIGHT_PANEL = 64  # columns of the weight panel each thread copies
-MAX_PANEL_DEPTH = 1024
 PER_THREAD_BYTES = 1024  # oneDNN's own bookkeeping per thread, rounded up
 
 
-def annotate_headroom(graph: torch.fx.Graph) -> None:
-    """Record in each matmul node's meta the bytes it may add without raising the peak."""
-    for node, headroom in headroom_bytes(graph).items():
+def annotate_headroom(graph: torch.fx.Graph, inputs_held: bool = False) -> None:
+    """Record in each matmul node's meta the bytes it may add without raising the peak
+    (`inputs_held`: eager_memory.INPUTS_HELD)."""
+    for node, headroom in headroom_bytes(graph, inputs_held).items():
         if node.target in (aten.addmm.default, aten.mm.default):
             node.meta[HEADROOM] = headroom
 
@@ -84,11 +85,19 @@ def annotate_headroom(graph: torch.fx.Graph) -> None:
 def linear_scratchpad_bytes(x: torch.Tensor, in_features: int, threads: int) -> int:
     """An upper bound of the scratchpad one `_linear_pointwise` call on input `x` takes (Note:
     oneDNN's scratchpad)."""
-    depth = min(-(-in_features // 16) * 16, MAX_PANEL_DEPTH)
+    depth = panel_depth(in_features)
     per_thread = WEIGHT_PANEL * depth * 4 + PER_THREAD_BYTES
     rows = x.numel() // max(in_features, 1)
     input_copy = 0 if _row_major(x, in_features) else rows * in_features * 4
     return threads * per_thread + input_copy
+
+
+def panel_depth(in_features: int) -> int:
+    """The K-block depth of the weight panel oneDNN copies per thread (Note: oneDNN's scratchpad)."""
+    rounded = -(-in_features // 16) * 16
+    if rounded <= 512:
+        return rounded
+    return 512 if in_features <= 1024 else 1024
 
 
 def applicable() -> bool:

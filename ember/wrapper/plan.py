@@ -6,6 +6,16 @@ buffer's FreeIfNotReused becomes Null — unless holding the old buffer from its
 this allocation would raise the estimated peak (the live bytes between the two points
 plus the buffer's size must stay within the peak). Graph inputs and outputs are never
 freed, so they are never reused.
+
+Note: the peak with dying inputs
+    A backward's inputs (the forward's saved tensors) die at their last use (wrapper/python.py,
+    Note: inputs die at their last use), so its real peak may come where its own buffers are
+    not at theirs: in BERT's backward, where the first feed-forward gradients (3 MiB) appear
+    while most saved activations still live. Holding a dead 4 KiB buffer over that point for
+    a later reuse raised the step's peak above eager's. So a hold must fit under the peak of
+    two timelines: the wrapper's buffers alone (inputs held by the caller, as in a forward),
+    and those plus the inputs, each dropped at its `Del`. Declining a reuse never raises a peak:
+    the old buffer is freed where it dies and the new one allocated where it is needed.
 """
 
 from __future__ import annotations
@@ -17,11 +27,16 @@ def nbytes(buffer) -> int:
     return buffer.layout.storage_size * buffer.dtype.itemsize
 
 
-def live_bytes(lines: list) -> list[int]:
-    """Bytes held by wrapper-allocated buffers after each line."""
-    live, timeline = 0, []
+def live_bytes(lines: list, inputs_die: bool = False) -> list[int]:
+    """Bytes held by wrapper-allocated buffers after each line; with `inputs_die`, also by the
+    graph's inputs, each until the `Del` of its name (Note: the peak with dying inputs)."""
+    inputs = {line.buffer.name: nbytes(line.buffer) for line in lines if isinstance(line, L.AssertInput)}
+    inputs = inputs if inputs_die else {}
+    live, timeline = sum(inputs.values()), []
     for line in lines:
-        if isinstance(line, L.Allocate):
+        if isinstance(line, L.Del):
+            live -= sum(inputs.pop(name, 0) for name in line.names)
+        elif isinstance(line, L.Allocate):
             live += nbytes(line.buffer)
         elif isinstance(line, (L.ExternCall, L.Unpack)):
             live += sum(nbytes(b) for b in _extern_outputs(line))
@@ -44,8 +59,8 @@ def planned_peak(lines: list) -> int:
 def plan_memory(lines: list) -> tuple[list, int]:
     """The lines with reuse applied, and their planned peak bytes."""
     lines = list(lines)
-    timeline = live_bytes(lines)
-    peak = max(timeline, default=0)
+    timelines = [live_bytes(lines), live_bytes(lines, inputs_die=True)]
+    peaks = [max(timeline, default=0) for timeline in timelines]
     pool: dict[tuple, list[int]] = {}  # key -> indices of FreeIfNotReused lines
     for i, line in enumerate(lines):
         if isinstance(line, L.FreeIfNotReused) and _reusable(line.buffer):
@@ -53,12 +68,12 @@ def plan_memory(lines: list) -> tuple[list, int]:
         elif isinstance(line, L.Allocate) and pool.get(_key(line.buffer)):
             size = nbytes(line.buffer)
             for j in reversed(pool[_key(line.buffer)]):
-                if max(timeline[j:i], default=0) + size <= peak:
+                if all(max(t[j:i], default=0) + size <= peak for t, peak in zip(timelines, peaks)):
                     pool[_key(line.buffer)].remove(j)
                     old = lines[j].buffer
                     lines[j] = L.Null()
                     lines[i] = L.Reuse(old, line.buffer)
-                    timeline = live_bytes(lines)
+                    timelines = [live_bytes(lines), live_bytes(lines, inputs_die=True)]
                     break
     return lines, planned_peak(lines)
 
