@@ -130,6 +130,17 @@ def test_reduction_of_broadcast_reductions_declares_each_accumulator_once():
     check(lambda a, b: torch.nn.functional.cosine_similarity(a, b, dim=1), torch.randn(4, 5, 1), torch.randn(4, 1, 6))
 
 
+@pytest.mark.parametrize("shape", [(4, 8), (3, 5, 7)])
+def test_arg_extreme_of_a_reduction_runs_the_max_loop_before_the_row_loop(shape):
+    # argmax(s) = first i with s[i] == max(s): the max is a reduction outside the row loop that
+    # reads it (was 'linearize: DEFINE_ACC would be emitted twice'); integer values keep the
+    # row sums exact, so ties resolve as eager's
+    x = torch.randint(-9, 10, shape).float()
+    check(lambda x: (x.sum(-1).argmax(), x.sum(-1).argmin(-1), x.sum(-1).argmax(0)), x)
+    check(lambda x: (x.sum(-1).max(0), x.sum(-1).min(-1)), x)
+    assert ember.metrics.fallback_calls == 0
+
+
 def test_masked_variance_recomputes_index_math_after_a_loop_closes():
     # mask index math hoisted out of an inner loop that closes for another reduction
     x, mask = torch.randn(5, 5, 5), torch.rand(5, 1, 5) > 0.3
