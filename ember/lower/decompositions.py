@@ -115,9 +115,16 @@ def native_group_norm(input, weight, bias, batch: int, channels: int, inner: int
     return out.to(input.dtype), mean.squeeze(-1).to(input.dtype), rstd.squeeze(-1).to(input.dtype)
 
 
+def view_copy(x, size):
+    """A contiguous copy of `x` in shape `size`, as eager gives it also for strides no view can
+    express (a transposed or expanded input): torch's decomposition is a view, which raises there."""
+    return torch.reshape(x, size).clone(memory_format=torch.contiguous_format)
+
+
 CORRECTED = {
     aten.multilabel_margin_loss_forward.default: multilabel_margin_loss_forward,
     aten.native_group_norm.default: native_group_norm,
+    aten.view_copy.default: view_copy,
 }
 
 
