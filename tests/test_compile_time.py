@@ -4,6 +4,8 @@ hits and misses within one process, and gcc started while kernels are still gene
 import io
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -153,7 +155,7 @@ def test_progress_waits_before_drawing():
 def test_compile_is_silent_off_a_terminal_and_logs_each_stage(tmp_path, monkeypatch, capfd, caplog):
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(progress_module, "DELAY_S", 0.0)  # a slow compile as far as the line is concerned
-    with caplog.at_level(logging.INFO, logger="ember"):
+    with caplog.at_level(logging.DEBUG, logger="ember"):
         x, y = torch.randn(64, 64), torch.randn(64, 64)
         check(two_kernel_program, x, y)
     assert "ember: compiling" not in capfd.readouterr().err
@@ -161,3 +163,15 @@ def test_compile_is_silent_off_a_terminal_and_logs_each_stage(tmp_path, monkeypa
     for name in ("lower", "schedule", "codegen", "runtime", "wrapper"):
         assert f"stage {name}: " in logged
     assert "graph compiled in" in logged
+    infos = [r.getMessage() for r in caplog.records if r.name == "ember" and r.levelno == logging.INFO]
+    assert any(" graph " in m and f"{ember.metrics.kernels_generated} kernels" in m for m in infos), infos
+    assert not any(m.startswith("stage ") for m in infos)  # stage timings are DEBUG
+
+
+def test_torch_logs_output_code_shows_embers_kernels_and_wrapper(tmp_path):
+    code = "import torch\nf = torch.compile(lambda x: x.sin() * 2, backend='ember')\nf(torch.randn(8))\n"
+    env = {**os.environ, "TORCH_LOGS": "output_code", "EMBER_CACHE_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ember output code, inference graph" in result.stderr
+    assert "kernels/" in result.stderr and "wrapper.py" in result.stderr
