@@ -133,7 +133,8 @@ class KernelBuilder:
             metrics.add(code_cache_hits=result.cache_hit, code_cache_misses=not result.cache_hit)
             # identical kernels share one loaded function: the symbol is a content hash
             errors = tuple((e.error, e.message) for e in kernel.errors)
-            binaries[i] = KernelBinary(result.symbol, result.relative, result.symbol, ast.params, errors, ast.inplace,
+            arguments = ast.arguments(kernel.params)
+            binaries[i] = KernelBinary(result.symbol, result.relative, result.symbol, arguments, errors, ast.inplace,
                                        sha256=result.sha256)  # fmt: skip
         return binaries
 

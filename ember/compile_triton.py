@@ -70,7 +70,8 @@ def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool 
         sink = block_rewrite(ast.sink, check_ir)
         name = f"triton_{sink.key[:16]}"
         scalars = frozenset(f"p{i}" for i, buffer in enumerate(ast.params) if buffer == SEED_BUFFER)
-        return render_triton(name, sink, plan_blocks(sink, limits), ast.outputs, scalars), ast.params
+        kernel = render_triton(name, sink, plan_blocks(sink, limits), ast.outputs, scalars)
+        return kernel, ast.arguments(kernel.params)
     except Exception as e:
         origins = ", ".join(o for c in step.group for o in c.origins)
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e

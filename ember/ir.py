@@ -47,7 +47,7 @@ class Layout:
 
         idx = UOp.const(dtypes.index, self.offset)
         for axis, size, stride in zip(axes, self.size, self.stride):
-            if size != 1:
+            if size != 1 or axis.op is Ops.CHECK:  # a checked position into a dim of size 1 still checks
                 idx = idx + axis * stride
         return idx
 

@@ -208,6 +208,8 @@ def run_sample(opinfo, sample, dtype: torch.dtype, variant: str = "contiguous") 
     (args, kwargs), changed = relayout(((sample.input, *sample.args), sample.kwargs), variant)
     if not changed:
         return None
+    if skipped := skip_reason(op_key(opinfo), dtype, variant, sample):
+        return SampleResult("skip", f"SKIPS: {skipped}")
     with sweep_environment():
         try:
             expected = opinfo.op(*clone(args), **clone(kwargs))
@@ -639,11 +641,14 @@ def print_report(units: list[OpResult], dtype: torch.dtype) -> None:
     skips = Counter(skip_family(r.reason) for r in by_status["skip"])
     if skips:
         print(f"\n-- skip ({len(by_status['skip'])}): " + "; ".join(f"{why} x{n}" for why, n in skips.most_common()))
-    deliberate = [u for u in units if u.reason.startswith("SKIPS: ")]
+    deliberate = [(u, "", u.reason) for u in units if u.reason.startswith("SKIPS: ")]
+    for u in units:  # skips of some samples only (a SKIPS entry with `when`)
+        if skipped := [r for r in u.samples if r.reason.startswith("SKIPS: ")]:
+            deliberate.append((u, " samples " + ", ".join(str(r.index) for r in skipped), skipped[0].reason))
     if deliberate:
         print(f"\n-- deliberate skips ({len(deliberate)}), from SKIPS in tests/conformance_layouts.py")
-        for u in deliberate:
-            print(f"  {u.op} [{u.variant}]: {u.reason.removeprefix('SKIPS: ')}")
+        for u, which, reason in deliberate:
+            print(f"  {u.op} [{u.variant}]{which}: {reason.removeprefix('SKIPS: ')}")
     print_layout_table(units)
     print_totals(results, by_status)
 

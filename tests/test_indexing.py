@@ -358,3 +358,30 @@ def test_runtime_index_out_of_range_raises(op):
     compiled = torch.compile(fn, backend="ember", dynamic=False)
     with pytest.raises((IndexError, RuntimeError)):
         compiled(x, i)
+
+
+@pytest.mark.parametrize("op", ["index", "gather", "index_select", "embedding"])
+def test_index_into_a_dim_every_position_reads_alike_still_raises(op):
+    # a dim of size 1 or of stride 0 (expanded) does not need the index to read: its check stays
+    fn = {
+        "index": lambda x, i: x[i, [1, 3]],
+        "gather": lambda x, i: x.gather(0, i.unsqueeze(1).expand(2, 5)),
+        "index_select": lambda x, i: x.index_select(0, i),
+        "embedding": lambda x, i: F.embedding(i, x),
+    }[op]
+    for x in (data((1, 5)), data((1, 5)).expand(3, 5)):
+        good, bad = indices([0, 0]), indices([0, x.shape[0]])
+        compiled = torch.compile(fn, backend="ember", dynamic=False)
+        torch.testing.assert_close(compiled(x, good), fn(x, good))
+        with pytest.raises((IndexError, RuntimeError)):
+            fn(x, bad)
+        with pytest.raises((IndexError, RuntimeError)):
+            compiled(x, bad)
+
+
+def test_kernel_arguments_skip_an_index_tensor_no_read_needs():
+    # the first index addresses a stride-0 dim: the kernel drops that tensor's load, and the
+    # wrapper must not pass it (it shifted every later argument: wrong values)
+    x = data((1, 5, 5)).expand(5, 5, 5)
+    check(lambda x: x[[0, 2, 3], [1, 3, 3], [0, 0, 2]], x)
+    check(lambda x, i, j, k: x[i, j, k] * 2, x, indices([0, 2, 3]), indices([1, 3, 3]), indices([0, 0, 2]))

@@ -252,6 +252,13 @@ def test_view_copies():
     assert_matches_eager(lambda t: torch.unbind_copy(t, 1), x)
 
 
+def test_view_copy_of_strides_no_view_expresses():
+    # eager copies where a view cannot (torch's decomposition is a view, which raised)
+    x = torch.randn(5, 5, 5)
+    for strided in (x.mT, x[:1].expand(5, 5, 5), torch.randn(5, 10, 5)[:, ::2]):
+        assert_matches_eager(lambda t: torch.view_copy(t, (25, 5)), strided)
+
+
 @pytest.mark.parametrize("offset,dim1,dim2", [(0, 1, 2), (1, 1, 2), (-2, 2, 1), (0, 0, 2), (3, -1, 0), (9, 0, 1)])
 def test_diagonal_scatter(offset, dim1, dim2):
     x = torch.randn(4, 5, 6)

@@ -83,11 +83,50 @@ def test_errors_stay_with_their_calls_under_stress():
     bad[300] = 64
     fn = compile_fn(embed_twice)
     want = embed_twice(weight, good)
-    # compiled before the threads: dynamo's tracing sets a process-wide FX flag, and a thread
-    # calling any compiled function meanwhile gets torch's "FX to symbolically trace" error
+    # compiled before the threads, so each call runs the compiled graph (Threads, README)
     torch.testing.assert_close(fn(weight, good), want)
     wrong = wrong_outcomes(fn, weight, good, bad, want, calls=150)
     assert not wrong, f"{len(wrong)} wrong outcomes, e.g. {wrong[:3]}"
+
+
+def test_a_call_while_another_thread_traces_a_graph_runs_compiled(monkeypatch):
+    """AOTAutograd's trace sets torch.fx's process-wide tracing flag, under which dynamo refuses
+    to run a compiled function ("FX to symbolically trace a dynamo-optimized function"); since
+    torch 2.13 dynamo also holds its process-wide compiling flag for the whole compile session,
+    and the refusal needs the first without the second. A call from another thread made from
+    inside the trace (a decomposition ember runs there) must get its result (Threads, README)."""
+    from ember.lower import decompositions
+
+    seen = {}
+    x, y = torch.randn(8), torch.randn(2, 4, 3)
+    traced = compile_fn(lambda y: F.group_norm(y, 2))
+    ready = torch.compile(lambda x: x * 2 + 1, backend="ember", dynamic=False)  # no dynamo reset after it
+    ready(x)
+
+    def call_ready():
+        try:
+            seen["result"] = ready(x)
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            seen["result"] = e
+
+    def decomposition_calling_from_another_thread(*args):
+        seen["tracing"] = torch.fx._symbolic_trace._is_fx_tracing_flag
+        caller = threading.Thread(target=call_ready)
+        caller.start()
+        caller.join(timeout=120)  # a call that had to compile would wait for this compile's lock
+        return decompositions.native_group_norm(*args)
+
+    monkeypatch.setitem(decompositions.CORRECTED, torch.ops.aten.native_group_norm.default,
+                        decomposition_calling_from_another_thread)  # fmt: skip
+    decompositions.decomposition_table.cache_clear()
+    try:
+        torch.testing.assert_close(traced(y), F.group_norm(y, 2))
+    finally:
+        monkeypatch.undo()
+        decompositions.decomposition_table.cache_clear()
+    assert seen["tracing"], "the decomposition ran outside an FX trace: the test tests nothing"
+    assert isinstance(seen.get("result"), torch.Tensor), f"the other thread's call: {seen.get('result')!r}"
+    torch.testing.assert_close(seen["result"], x * 2 + 1)
 
 
 def wrong_outcomes(fn, weight, good, bad, want, calls: int, start: threading.Barrier | None = None) -> list:

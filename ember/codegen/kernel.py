@@ -25,6 +25,13 @@ class KernelAST:
     outputs: frozenset[str]  # the params the kernel writes
     inplace: dict[str, str] = field(default_factory=dict)  # output buffer -> dying input it overwrites
 
+    def arguments(self, kernel_params: list[tuple[str, object, bool]]) -> tuple[str, ...]:
+        """The wrapper buffers to pass to the rendered kernel, whose parameters (p0, p1, ...) are
+        those its code still reads: the rewrite phases may drop a read (an index tensor of a
+        stride-0 dim is multiplied by 0), and the wrapper must then skip that buffer too, or every
+        later argument lands in the wrong parameter."""
+        return tuple(self.params[int(name[1:])] for name, _, _ in kernel_params)
+
 
 def build_kernel_ast(
     group: list[ComputedBuffer | IndexedStore],

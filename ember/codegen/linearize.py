@@ -19,6 +19,14 @@ Note: reductions before the loops that read them
     the loop opened for the scalar one first, the lane reduction would have to close it, and the
     scalar result, declared and updated in it, could not be recomputed. Preferring the
     shallowest scope runs every reduction declared outside a loop before the loop opens.
+
+Note: a loop opens when what it reads from outside is done
+    A value inside a loop may read one computed outside it: `x.sum(-1).argmax()` is an argmin
+    over rows of `row_sum == max(row_sums)`, the max a reduction declared outside the row loop.
+    Were the row loop opened first (its row sum is as shallow as the max's own loop), the max's
+    loop could only run by closing it, and the row sum, an accumulator already updated, could not
+    be recomputed. So a loop counts as premature while a value read inside it from outside is
+    not emitted yet, and the scheduler opens premature loops last.
 """
 
 from __future__ import annotations
@@ -61,6 +69,20 @@ class _Linearizer:
         self.blocks: list[set[UOp]] = [set()]  # values defined at each depth
         self.live: set[UOp] = set()
         self.updated: set[UOp] = set()  # accumulators whose ACC_UPDATE was emitted
+        self.waiting_outside = self.reads_from_outside()  # Note: a loop opens when what it reads ...
+
+    def reads_from_outside(self) -> dict[UOp, set[UOp]]:
+        """Per loop, the values read inside it that are placed outside it (not emitted yet)."""
+        outside: dict[UOp, set[UOp]] = {}
+        for u in self.order:
+            for s in u.src:
+                if _trivial(s):
+                    continue
+                inner = set(self.stacks[s])
+                for r in self.stacks[u]:
+                    if r not in inner:
+                        outside.setdefault(r, set()).add(s)
+        return outside
 
     def canonical(self, u: UOp) -> list[UOp]:
         """The loop stack `u` is placed in (Note: scopes and loop nests)."""
@@ -95,16 +117,18 @@ class _Linearizer:
         self.move_to([])
         return remove_dead_code(self.program)
 
-    def preference(self, u: UOp, position: int) -> tuple[int, int, int, int]:
-        """Fewest loops closed, then the shallowest scope (loop ranges around it, reduce loops not
-        counted), then the fewest loops, then program order. Scope before loops: a reduction
+    def preference(self, u: UOp, position: int) -> tuple[bool, int, int, int, int]:
+        """No premature loop opened (Note: a loop opens when what it reads from outside is done),
+        then fewest loops closed, then the shallowest scope (loop ranges around it, reduce loops
+        not counted), then the fewest loops, then program order. Scope before loops: a reduction
         declared outside a loop runs before the loop opens (Note: reductions before the loops
         that read them)."""
         target = self.stacks[u]
         common = self.common_prefix(target)
         closes = len(self.stack) - common
+        premature = any(self.waiting_outside.get(r) for r in target[common:])
         scope = sum(1 for r in target if not r.arg.reduce)
-        return (closes, scope, len(target), position)
+        return (premature, closes, scope, len(target), position)
 
     def common_prefix(self, target: list[UOp]) -> int:
         keep = 0
@@ -139,6 +163,8 @@ class _Linearizer:
     def place(self, u: UOp) -> None:
         self.move_to(self.stacks[u])
         self.program.append(u)
+        for waiting in self.waiting_outside.values():
+            waiting.discard(u)
         if u.op is Ops.ACC_UPDATE:
             self.updated.add(u.src[0])
         self.live.add(u)

@@ -95,7 +95,37 @@ def multilabel_margin_loss_forward(input, target, reduction: int):
     return loss, is_target.to(input.dtype).reshape(input.shape)
 
 
-CORRECTED = {aten.multilabel_margin_loss_forward.default: multilabel_margin_loss_forward}
+def native_group_norm(input, weight, bias, batch: int, channels: int, inner: int, groups: int, eps: float):
+    """Group norm as (x - mean) * rstd * weight + bias, and each group's mean and rstd (eager's
+    other outputs, read by its backward). torch's decomposition, like eager's CPU kernel, folds
+    the mean into a bias, x * (rstd * weight) + (bias - mean * rstd * weight): where |mean| is
+    large against the spread, both terms are large and their sum loses the result's low bits (a
+    group of equal values -8.07, weight -8.48, bias -2.40: 1e-3 off). Subtracting the mean first
+    keeps the error relative to the normalized value."""
+    compute = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    grouped = input.to(compute).reshape(batch, groups, (channels // groups) * inner)
+    variance, mean = torch.var_mean(grouped, dim=-1, correction=0, keepdim=True)
+    rstd = torch.rsqrt(variance + eps)
+    out = ((grouped - mean) * rstd).reshape(input.shape)
+    per_channel = [1, channels] + [1] * (input.dim() - 2)
+    if weight is not None:
+        out = out * weight.reshape(per_channel)
+    if bias is not None:
+        out = out + bias.reshape(per_channel)
+    return out.to(input.dtype), mean.squeeze(-1).to(input.dtype), rstd.squeeze(-1).to(input.dtype)
+
+
+def view_copy(x, size):
+    """A contiguous copy of `x` in shape `size`, as eager gives it also for strides no view can
+    express (a transposed or expanded input): torch's decomposition is a view, which raises there."""
+    return torch.reshape(x, size).clone(memory_format=torch.contiguous_format)
+
+
+CORRECTED = {
+    aten.multilabel_margin_loss_forward.default: multilabel_margin_loss_forward,
+    aten.native_group_norm.default: native_group_norm,
+    aten.view_copy.default: view_copy,
+}
 
 
 @contextlib.contextmanager

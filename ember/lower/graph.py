@@ -244,6 +244,8 @@ def _output_buffer(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue
         return ctx.realize(value, node.name)
     eager = _eager_output_layout(node.meta.get("val"), value.shape)
     read = as_strided_read(value)
+    if read is not None and not is_kernel_dtype(value.dtype):  # no kernel copies it: aten's result as is
+        return BufferRef(read[0], read[1], value.dtype)
     if read is not None and (eager is None or same_strides(read[1], eager)):  # a view nobody else sees: no copy
         buffer = ctx.buffers[read[0]]
         if buffer.kind in ("computed", "extern") and buffer.name not in taken:

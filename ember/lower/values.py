@@ -49,10 +49,25 @@ class TensorValue:
     def reindex(self, shape: tuple[int, ...], old_axes: list[UOp]) -> TensorValue:
         """A view of shape `shape` whose old axis i is `old_axes[i]` (over the new axes)."""
         mapping = {axis(i): expr for i, expr in enumerate(old_axes) if expr is not axis(i)}
-        return TensorValue(tuple(shape), self.dtype, substitute(self.body, mapping) if mapping else self.body)
+        body = substitute(self.body, mapping) if mapping else self.body
+        return TensorValue(tuple(shape), self.dtype, keep_unread_checks(self.body, body, mapping))
 
     def with_body(self, body: UOp, dtype: DType | None = None) -> TensorValue:
         return TensorValue(self.shape, dtype or body.dtype, body)
+
+
+def keep_unread_checks(old_body: UOp, body: UOp, mapping: dict[UOp, UOp]) -> UOp:
+    """A checked position (Note: out-of-range indices, lower/indexing.py) for an axis the body
+    does not read (a dim of size 1, or of stride 0: every position reads the same element)
+    still reports an index out of range, as eager does: its CHECK wraps the value instead."""
+    checks = [expr for expr in mapping.values() if expr.op is Ops.CHECK]
+    if not checks:
+        return body
+    read = old_body.toposort
+    for old_axis, expr in mapping.items():
+        if expr.op is Ops.CHECK and old_axis not in read:
+            body = UOp(Ops.CHECK, body.dtype, (body, expr.src[1]), expr.arg)
+    return body
 
 
 def load(buffer: Buffer, layout: Layout | None = None) -> TensorValue:

@@ -127,12 +127,19 @@ def distribute_const(x: UOp, c1: UOp, c2: UOp) -> UOp | None:
     return None if (product := int_const(x.dtype, c1.arg * c2.arg)) is None else x * c2 + product
 
 
+def keep_check(check: UOp) -> UOp:
+    """A checked position times a stride of 0 (a read of an expanded dim) still reports an index
+    out of range, as eager does: only the position goes."""
+    return UOp(Ops.CHECK, check.dtype, (check.const_like(0), check.src[1]), check.arg)
+
+
 pm_identities = PatternMatcher(
     [
         (UPat((Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN), INTS, name="u"), const_to_right),  # c op x -> x op c
         (_x + 0, lambda x: x),  # x + 0 -> x
         (_x - 0, lambda x: x),  # x - 0 -> x
         (_x * 1, lambda x: x),  # x * 1 -> x
+        (UPat(Ops.CHECK, name="check") * 0, keep_check),  # CHECK(x, ok) * 0 -> CHECK(0, ok)
         (_x * 0, lambda x: x.const_like(0)),  # x * 0 -> 0
         (_x // 1, lambda x: x),  # x // 1 -> x
         (_x % 1, lambda x: x.const_like(0)),  # x % 1 -> 0
