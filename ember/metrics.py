@@ -24,6 +24,7 @@ class Metrics:
     graphs_compiled: int = 0
     graphs_failed: int = 0  # fell back to eager
     kernels_generated: int = 0
+    kernels_codegen: int = 0  # of those, the distinct ASTs that went through the rewrite phases and the renderer
     tiled_kernels: int = 0  # C++ kernels whose loops are 2-D tiles for transposed access (codegen/tiling.py)
     fusions: int = 0  # pairs of groups merged by the scheduler
     fusion_refusals: int = 0
