@@ -25,7 +25,7 @@ from ember.ir import LoweredGraph
 from ember.metrics import metrics
 from ember.renderer.common import RenderedKernel
 from ember.renderer.cpp import render
-from ember.runtime.cpu import CompiledKernel, compile_cpp, simd_math_functions
+from ember.runtime.cpu import CompiledKernel, batchable, compile_cpp_batch, simd_math_functions
 from ember.schedule import KernelStep, graph_last_uses
 from ember.uop.ops import UOp
 from ember.wrapper.python import KernelBinary
@@ -120,22 +120,27 @@ def _generate(sink: UOp, ast: KernelAST, config: Config, timings: dict[str, floa
 
 
 class KernelBuilder:
-    """gcc for each rendered kernel, started as soon as it is submitted.
+    """gcc for the rendered kernels, in batches started as soon as they fill.
 
     Note: compiling while generating
-        Code generation is Python (one core, the GIL); gcc runs in subprocesses. Submitting each
-        kernel to a thread pool as soon as it is rendered lets gcc work on the other cores while
-        the next kernels are generated, instead of waiting for all of them. Each compile is a
-        subprocess, so threads are enough; identical sources are compiled once. The pool has one
-        thread per usable core (`config.compile_threads`), so a cold compile does not start more
-        gcc processes than the machine runs at once.
+        Code generation is Python (one core, the GIL); gcc runs in subprocesses. Submitting
+        kernels to a thread pool as soon as a batch of them is rendered lets gcc work on the
+        other cores while the next kernels are generated, instead of waiting for all of them.
+        Each compile is a subprocess, so threads are enough; identical sources are compiled
+        once. A batch (Note: kernels compiled together, runtime/cpu.py) holds BATCH_KERNELS
+        distinct sources; what is left when the last kernel is rendered is split over the
+        workers. The pool has one thread per usable core (`config.compile_threads`), so a cold
+        compile does not start more gcc processes than the machine runs at once.
     """
 
     def __init__(self, config: Config, progress: CompileProgress | None = None):
         self.config = config
         self.progress = progress
-        self.pool = ThreadPoolExecutor(max_workers=compile_workers(config.compile_threads))
-        self.futures: dict[str, Future[CompiledKernel]] = {}  # source -> its compile
+        self.workers = compile_workers(config.compile_threads)
+        self.pool = ThreadPoolExecutor(max_workers=self.workers)
+        # source -> (its batch's compile, its position in the batch)
+        self.futures: dict[str, tuple[Future[list[CompiledKernel]], int]] = {}
+        self.pending: dict[str, RenderedKernel] = {}  # rendered, not yet submitted
 
     def __enter__(self) -> KernelBuilder:
         return self
@@ -144,24 +149,47 @@ class KernelBuilder:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     def submit(self, kernel: RenderedKernel) -> None:
-        if kernel.source not in self.futures:
-            cache_dir, cxx = Path(self.config.cache_dir), self.config.cxx
-            self.futures[kernel.source] = self.pool.submit(
-                compile_cpp, kernel.source, kernel.name, cache_dir, cxx, ember.__version__
-            )
-            if (progress := self.progress) is not None:
-                self.futures[kernel.source].add_done_callback(lambda _: progress.kernels(compiled=1))
+        if kernel.source in self.futures or kernel.source in self.pending:
+            return
+        if not batchable(kernel.source):
+            self._start([kernel])
+            return
+        self.pending[kernel.source] = kernel
+        if len(self.pending) >= BATCH_KERNELS:
+            self._flush(1)
+
+    def _flush(self, parts: int) -> None:
+        """Every pending kernel into `parts` batches of about equal size."""
+        kernels = list(self.pending.values())
+        self.pending.clear()
+        size = max(1, -(-len(kernels) // max(1, parts)))
+        for start in range(0, len(kernels), size):
+            self._start(kernels[start : start + size])
+
+    def _start(self, kernels: list[RenderedKernel]) -> None:
+        cache_dir, cxx = Path(self.config.cache_dir), self.config.cxx
+        batch = [(k.name, k.source) for k in kernels]
+        future = self.pool.submit(compile_cpp_batch, batch, cache_dir, cxx, ember.__version__)
+        for i, kernel in enumerate(kernels):
+            self.futures[kernel.source] = (future, i)
+        if (progress := self.progress) is not None:
+            future.add_done_callback(lambda _: progress.kernels(compiled=len(batch)))
 
     def binaries(self, rendered: dict[int, tuple[RenderedKernel, KernelAST]]) -> dict[int, KernelBinary]:
+        self._flush(self.workers)
         binaries = {}
         for i, (kernel, ast) in rendered.items():
-            result = self.futures[kernel.source].result()
+            future, position = self.futures[kernel.source]
+            result = future.result()[position]
             metrics.add(code_cache_hits=result.cache_hit, code_cache_misses=not result.cache_hit)
             # identical kernels share one loaded function: the symbol is a content hash
             errors = tuple((e.error, e.message) for e in kernel.errors)
             binaries[i] = KernelBinary(result.symbol, result.relative, result.symbol, ast.params, errors, ast.inplace,
                                        sha256=result.sha256)  # fmt: skip
         return binaries
+
+
+BATCH_KERNELS = 8  # distinct kernels per gcc process while rendering (Note: kernels compiled together)
 
 
 def compile_workers(requested: int) -> int:

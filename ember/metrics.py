@@ -35,6 +35,7 @@ class Metrics:
     graph_cache_hits: int = 0  # graphs loaded whole from the cache (no lowering, no gcc)
     code_cache_hits: int = 0
     code_cache_misses: int = 0
+    gcc_runs: int = 0  # gcc processes started (Note: kernels compiled together, runtime/cpu.py)
     cache_entries_rebuilt: int = 0  # cache entries that failed their checks or their load, discarded (runtime/cache.py)
     # seconds per compile stage, summed over graphs (graph_key, graph_cache_load, lower, schedule,
     # codegen (render is its share), runtime (waiting for gcc), wrapper, graph_cache_store), and
