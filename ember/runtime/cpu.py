@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -49,6 +50,8 @@ from ember.runtime.cache import (
     write_atomic,
     write_entry,
 )
+
+log = logging.getLogger("ember.runtime")
 
 # -fno-trapping-math: kernels never read the floating-point exception flags, and without it
 # gcc will not if-convert a select whose arm widens a float (`c ? 0.0f : x` summed in double
@@ -164,8 +167,8 @@ def compile_cpp_batch(
         try:
             found.update(zip(missing, _build_batch(root, [kernels[i] for i in missing], [keys[i] for i in missing],
                                                    compiler)))  # fmt: skip
-        except EmberError:
-            pass  # compiled one by one below: the failing kernel's error names it
+        except EmberError as e:  # compiled one by one below: the failing kernel's error names it
+            log.debug("runtime: a batch of %d kernels failed to compile; compiling each alone: %s", len(missing), e)
     for i in (i for i in missing if i not in found):
         symbol, source = kernels[i]
         found[i] = _build_kernel(root, entry_folder(root, "kernels", keys[i]), keys[i], source, symbol, compiler)
@@ -194,6 +197,8 @@ def batch_source(sources: list[str]) -> str:
     split = [source.splitlines(keepends=True) for source in sources]
     common = 0
     while all(len(lines) > common and lines[common] == split[0][common] for lines in split):
+        if split[0][common].startswith('extern "C"'):  # a declaration block or a kernel: not the prelude
+            break
         common += 1
     declarations: dict[str, None] = {}
     file_scope: dict[str, None] = {}
