@@ -19,7 +19,15 @@ $(VENV)/.ember-installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	touch $@
 
-demo: setup
+# The demo needs ember and torch only: a venv made by `make demo` alone holds no dev or bench
+# extras (no Triton, no transformers); `make test` adds them to the same venv.
+$(VENV)/.ember-demo-installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e .
+	touch $@
+
+demo: $(VENV)/.ember-demo-installed
 	$(PY) -m ember.cli demo
 
 test: setup lint

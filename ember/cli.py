@@ -1,5 +1,6 @@
 """The `ember` command: demo, cache management.
 
+ember --version      ember's version, and the torch it runs with (if installed)
 ember demo           compile a built-in program, show its kernel and wrapper, time it
 ember bench [...]    the side-by-side benchmark (eager, inductor, ember); flags as benchmarks/README.md
 ember cache clear    remove what ember wrote in its cache folder (EMBER_CACHE_DIR or ~/.cache/ember),
@@ -16,6 +17,7 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="ember", description="ember, a deep-learning compiler for PyTorch")
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="compile a built-in program and compare it with eager")
     explain = commands.add_parser("explain", help="run a script and explain what ember did with each graph")
@@ -39,6 +41,19 @@ def main(argv: list[str] | None = None) -> None:
         print(explain_script(args.script, args.args))
     elif args.command == "cache":
         _cache(args.action)
+
+
+def _version() -> str:
+    """ember's version and torch's, read from package metadata (importing torch takes seconds)."""
+    from importlib import metadata
+
+    from ember import __version__
+
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return f"ember {__version__} (torch {torch_version})"
 
 
 def _cache(action: str) -> None:
@@ -65,11 +80,17 @@ def _cache(action: str) -> None:
 
 
 def _bench(argv: list[str]) -> None:
-    try:  # the suite lives beside the package, in the repository checkout
+    """The suite lives beside the package in the repository checkout, not in an installed wheel:
+    from an editable install (`pip install -e .`) it is found from any directory."""
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "benchmarks" / "run.py").is_file() and str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    try:
         from benchmarks.run import main as bench
-    except ImportError:
+    except ImportError as e:
         raise SystemExit(
-            "ember bench: run it from an ember repository checkout (benchmarks/ is not installed)"
+            f"ember bench: the benchmark suite is not installed with ember ({e}); it runs from a repository "
+            "checkout: `pip install -e .[bench]` there, then `ember bench` works from any directory"
         ) from None
     bench(argv)
 

@@ -24,6 +24,7 @@ from ember.compile_triton import TritonBackend
 from ember.config import Config
 from ember.debug.log import DebugDump, describe_fusion, describe_ir
 from ember.debug.progress import CompileProgress, StageTimes, logger
+from ember.debug.provenance import profiler_labels, step_origins
 from ember.errors import EmberError, stage
 from ember.lower import lower_graph
 from ember.metrics import metrics
@@ -38,16 +39,17 @@ from ember.wrapper.python import WrapperSource, generate_wrapper, load_wrapper
 from ember.wrapper.verify import VerifiedGraph
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config) -> Callable:
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, role: str = "graph") -> Callable:
+    """`role` (forward, backward, inference) names the graph in debug dumps."""
     progress = CompileProgress()
     try:
-        return _compile_graph(gm, example_inputs, config, StageTimes(progress))
+        return _compile_graph(gm, example_inputs, config, StageTimes(progress), role)
     finally:
         progress.finish()
 
 
 def _compile_graph(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, timings: StageTimes
+    gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, timings: StageTimes, role: str
 ) -> Callable:
     cache_dir = open_root(config.cache_dir)  # refuses a folder others could put code in (Note: cache safety)
     received = gm.print_readable(print_output=False) if config.debug else ""
@@ -72,7 +74,7 @@ def _compile_graph(
         if hooks:
             key, call = _key_and_cached(gm, example_inputs, config, versions, use_cache, timings)
     assert key is not None
-    debug = DebugDump(config.debug, config.debug_dir, key)
+    debug = DebugDump(config.debug, config.debug_dir, key, role)
     if call is None:
         debug.write("fx_graph.txt", received)
         debug.write("fx_graph_after_passes.txt", gm.print_readable(print_output=False))
@@ -123,7 +125,8 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         scheduled = schedule(graph, fusion=config.fusion)
         steps = scheduled.steps
     metrics.tally("schedule_work", vars(scheduled.work))
-    debug.write("fusion.txt", describe_fusion(scheduled))
+    origins = step_origins(gm, graph.holds, steps)
+    debug.write("fusion.txt", describe_fusion(scheduled, origins))
     generated = backend.generate(graph, steps, config, debug, timings)
     with stage("wrapper", timings):
         host_inputs = frozenset(b.name for b, x in zip(graph.inputs, example_inputs)
@@ -137,6 +140,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
             config.huge_pages,
             config.buffer_pool_mb << 20,
             config.verify,
+            profiler_labels(steps, origins, {i: k.var for i, k in generated.binaries.items()}),
         )
         call, path = load_wrapper(wrapper, graph.constants, Path(config.cache_dir))
         if config.verify:  # Note: verifying a compiled graph
@@ -144,7 +148,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
             call = VerifiedGraph(call, original, graph, steps, generated.binaries, config.strict)
     debug.write("wrapper.py", wrapper.source)
     explanation = (
-        f"=== graph with inputs {[b.name for b in graph.inputs]}\n{describe_fusion(scheduled)}"
+        f"=== graph with inputs {[b.name for b in graph.inputs]}\n{describe_fusion(scheduled, origins)}"
         f"planned peak memory of intermediates: {wrapper.peak_bytes} bytes\n\n"
     )
     summary = graph_cache.GraphSummary(

@@ -2,19 +2,28 @@
 
 Each flag says whether it changes generated code (and so is part of the cache key).
 Environment overrides (`EMBER_<NAME>`) are read when a compile starts, never at import;
-`ember.compile(fn, **options)` overrides both.
+`ember.compile(fn, **options)` overrides both. Every value is checked when it is read: a bad
+one is an error naming the variable (or option) and the values it accepts, and an `EMBER_*`
+variable ember does not know gets one warning per process (a typo like `EMBER_DEBGU=1` would
+otherwise be ignored silently).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ember.errors import warn_at_user_code
 
-def _flag(default, env: str, in_cache_key: bool, doc: str):
-    return field(default=default, metadata={"env": env, "in_cache_key": in_cache_key, "doc": doc})
+
+def _flag(default, env: str, in_cache_key: bool, doc: str, choices: tuple = (), minimum: int | None = None):
+    metadata = {"env": env, "in_cache_key": in_cache_key, "doc": doc, "choices": choices, "minimum": minimum}
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -28,31 +37,31 @@ class Config:
     cache_dir: str = _flag(str(Path.home() / ".cache" / "ember"), "EMBER_CACHE_DIR", False, "on-disk cache")
     cxx: str = _flag("g++", "EMBER_CXX", True, "the C++ compiler for CPU kernels")
     parallel_threshold: int = _flag(32768, "EMBER_PARALLEL_THRESHOLD", True,
-                                    "loop nests with fewer iterations run on one thread")  # fmt: skip
+                                    "loop nests with fewer iterations run on one thread", minimum=0)  # fmt: skip
     huge_pages: bool = _flag(True, "EMBER_HUGE_PAGES", True,
                              "back large CPU buffers the wrapper allocates with transparent huge pages "
                              "(fewer page faults; Note: huge pages for fresh buffers)")  # fmt: skip
     buffer_pool_mb: int = _flag(1024, "EMBER_BUFFER_POOL_MB", True,
-                                "MiB of large CPU buffers kept for reuse once free, so outputs skip "
-                                "fresh-page faults (Note: pooled large buffers); 0: every buffer fresh")  # fmt: skip
+                                "MiB of large CPU buffers kept for reuse once free, so outputs skip fresh-page "
+                                "faults (Note: pooled large buffers); 0: every buffer fresh", minimum=0)  # fmt: skip
     shape_specializations: int = _flag(8, "EMBER_SHAPE_SPECIALIZATIONS", False,
                                        "a graph with dynamic shapes is compiled for at most this many "
                                        "concrete shapes (Note: dynamic shapes by specialization); "
-                                       "new ones past that run eagerly")  # fmt: skip
+                                       "new ones past that run eagerly", minimum=0)  # fmt: skip
     fusion: bool = _flag(True, "EMBER_FUSION", True, "let the scheduler fuse computed buffers into kernels")
     graph_cache: bool = _flag(True, "EMBER_GRAPH_CACHE", False, "load graphs compiled before from the cache")
     explain_file: str = _flag("", "EMBER_EXPLAIN_FILE", False, "append each graph's explanation to this file")
     fallback_random: bool = _flag(False, "EMBER_FALLBACK_RANDOM", True,
                                   "random ops call aten: eager's generator and values, no fusion")  # fmt: skip
     compile_threads: int = _flag(0, "EMBER_COMPILE_THREADS", False,
-                                 "kernels compiled in parallel; 0: one per usable CPU core")  # fmt: skip
+                                 "kernels compiled in parallel; 0: one per usable CPU core", minimum=0)  # fmt: skip
     backend: str = _flag("auto", "EMBER_BACKEND", True,
-                         "auto: C++ for CPU graphs, Triton for CUDA; triton: Triton for CPU graphs too "
-                         "(under Triton's interpreter)")  # fmt: skip
+                         "auto (or cpp): C++ for CPU graphs, Triton for CUDA; triton: Triton for CPU graphs too "
+                         "(under Triton's interpreter)", choices=("auto", "cpp", "triton"))  # fmt: skip
     autotune: bool = _flag(True, "EMBER_AUTOTUNE", True, "time a few launch configurations per Triton kernel")
     split_reductions: int = _flag(32768, "EMBER_SPLIT_REDUCTIONS", True,
                                   "Triton: reductions at least this long with few outputs are split over many "
-                                  "programs (Note: split reductions); 0 never splits")  # fmt: skip
+                                  "programs (Note: split reductions); 0 never splits", minimum=0)  # fmt: skip
     # FX graph passes (ember/passes); with user hooks the graph cache is keyed by the graph after them
     passes: bool = _flag(True, "EMBER_PASSES", True, "run ember's FX graph passes (DCE, no-ops, conv rewrites)")
     conv_channels_last: bool = _flag(True, "EMBER_CONV_CHANNELS_LAST", True,
@@ -75,24 +84,95 @@ class Config:
         return repr([(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata["in_cache_key"]])
 
 
-def _parse(text: str, like):
-    if isinstance(like, bool):
-        return text.strip().lower() not in ("", "0", "false", "no", "off")
-    return type(like)(text)
+_TRUE_WORDS = ("1", "true", "yes", "on")
+_FALSE_WORDS = ("0", "false", "no", "off", "")
+
+# EMBER_* variables read by ember's test suite and tools rather than by Config: not typos.
+OTHER_VARIABLES = {
+    "EMBER_TEST_DEVICE": "tests/helpers.py: cpu, or cuda to run the suite's checks on the GPU",
+    "EMBER_TEST_CACHE_DIR": "tests/conftest.py: the kernel cache the test suite uses",
+}
+
+
+def _fields() -> tuple[dataclasses.Field, ...]:
+    return dataclasses.fields(Config)
+
+
+def _accepted(f: dataclasses.Field) -> str:
+    """The values `f` accepts, in words, for error messages."""
+    if f.metadata["choices"]:
+        return "one of " + ", ".join(f.metadata["choices"])
+    if isinstance(f.default, bool):
+        return "a boolean: " + ", ".join(_TRUE_WORDS) + " or " + ", ".join(w for w in _FALSE_WORDS if w)
+    if isinstance(f.default, int):
+        minimum = f.metadata["minimum"]
+        return "an integer" + (f" >= {minimum}" if minimum is not None else "")
+    return "a string"
+
+
+def _parse_env(f: dataclasses.Field, text: str):
+    """The value of environment variable `f.metadata["env"]` set to `text`; ValueError naming it."""
+    name, word = f.metadata["env"], text.strip()
+    if isinstance(f.default, bool):
+        if word.lower() in _TRUE_WORDS or word.lower() in _FALSE_WORDS:
+            return word.lower() in _TRUE_WORDS
+        raise ValueError(f"{name}={text!r} is not {_accepted(f)}")
+    if isinstance(f.default, int):
+        minimum = f.metadata["minimum"]
+        if not re.fullmatch(r"[+-]?\d+", word) or (minimum is not None and int(word) < minimum):
+            raise ValueError(f"{name}={text!r} is not {_accepted(f)}")
+        return int(word)
+    return _checked(f, text, name)
+
+
+def _checked(f: dataclasses.Field, value, where: str):
+    """`value` for field `f` if it is of the field's kind and range; ValueError naming `where`."""
+    default, minimum, choices = f.default, f.metadata["minimum"], f.metadata["choices"]
+    if isinstance(default, bool):
+        ok = isinstance(value, bool) or value in (0, 1)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool) and (minimum is None or value >= minimum)
+    elif isinstance(default, str):
+        value = os.fspath(value) if isinstance(value, os.PathLike) else value
+        ok = isinstance(value, str) and (not choices or value in choices)
+    else:
+        ok = True
+    if not ok:
+        raise ValueError(f"{where}={value!r} is not {_accepted(f)}")
+    return bool(value) if isinstance(default, bool) else value
+
+
+# Owned by this module: the unknown EMBER_* names already warned about (one warning each).
+_warned_unknown: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_unknown_variables(environ) -> None:
+    known = {f.metadata["env"] for f in _fields() if f.metadata["env"]} | set(OTHER_VARIABLES)
+    for name in sorted(n for n in environ if n.startswith("EMBER_") and n not in known):
+        with _warned_lock:
+            if name in _warned_unknown:
+                continue
+            _warned_unknown.add(name)
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f"; did you mean {close[0]}?" if close else "; README.md's Configuration table lists them"
+        warn_at_user_code(f"ember ignores unknown environment variable {name}{hint}")
 
 
 def load(**options) -> Config:
     """The config for one compile: defaults, then environment, then `options`."""
+    fields = {f.name: f for f in _fields()}
+    unknown = set(options) - set(fields)
+    if unknown:
+        raise TypeError(f"unknown ember option(s) {sorted(unknown)}; known options: {', '.join(fields)}")
+    _warn_unknown_variables(os.environ)
     values = {}
-    for f in dataclasses.fields(Config):
+    for f in fields.values():
         env = os.environ.get(f.metadata["env"]) if f.metadata["env"] else None
         if env is not None:
-            values[f.name] = _parse(env, f.default)
-    unknown = set(options) - {f.name for f in dataclasses.fields(Config)}
-    if unknown:
-        known = ", ".join(f.name for f in dataclasses.fields(Config))
-        raise TypeError(f"unknown ember option(s) {sorted(unknown)}; known options: {known}")
-    values.update(options)
+            values[f.name] = _parse_env(f, env)
+    for name, value in options.items():
+        values[name] = value if name in ("pre_passes", "post_passes") else _checked(fields[name], value, name)
     if values.get("debug"):
         values.setdefault("check_ir", True)
     for hooks in ("pre_passes", "post_passes"):

@@ -13,11 +13,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 
 def explain(fn: Callable, *args, **kwargs) -> str:
     """Compile and run `fn(*args, **kwargs)` with ember; return the explanation text."""
+    import torch  # here, not at module level: `import ember` stays free of torch
+
     from ember.frontend import compile as ember_compile
 
     with tempfile.TemporaryDirectory() as folder:

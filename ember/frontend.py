@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +20,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from ember import config as config_module
 from ember.compile_graph import compile_graph
-from ember.errors import EmberError
+from ember.errors import EmberError, warn_at_user_code
 from ember.lower.decompositions import corrected_autograd_kernels, decomposition_table
 from ember.metrics import metrics
 from ember.shape_specialization import ShapeSpecializedGraph, is_symbolic
@@ -30,9 +29,15 @@ from ember.shape_specialization import ShapeSpecializedGraph, is_symbolic
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable:
     """The `torch.compile(..., backend="ember")` entry point."""
     config = config_module.load(**options)
-    compiler = functools.partial(compile_or_fallback, config=config)
+
+    def compiler(role: str) -> Callable:  # the role names the graph's debug dump
+        return functools.partial(compile_or_fallback, config=config, role=role)
+
     backend = aot_autograd(
-        fw_compiler=compiler, bw_compiler=compiler, decompositions=decomposition_table(config.fallback_random)
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=decomposition_table(config.fallback_random),
     )
     start, ember_seconds = time.perf_counter(), metrics.compile_seconds.total()
     try:
@@ -51,12 +56,12 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
         metrics.tally("compile_seconds", {"aot_autograd": time.perf_counter() - start - inside})
 
 
-def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config) -> Callable:
+def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config, role: str = "graph") -> Callable:
     if is_symbolic(example_inputs):  # Note: dynamic shapes by specialization
-        static_compiler = functools.partial(compile_or_fallback, config=config)
+        static_compiler = functools.partial(compile_or_fallback, config=config, role=role)
         return ShapeSpecializedGraph(gm, static_compiler, config.shape_specializations, config.strict)
     try:
-        return compile_graph(gm, example_inputs, config)
+        return compile_graph(gm, example_inputs, config, role)
     except Exception as e:
         if config.strict:
             raise
@@ -65,7 +70,7 @@ def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], con
 
 def eager_fallback(gm: torch.fx.GraphModule, error: Exception) -> Callable:
     metrics.add(graphs_failed=1)
-    warnings.warn(f"{error}\nember: running this graph eagerly instead (set EMBER_STRICT=1 to raise).", stacklevel=3)
+    warn_at_user_code(f"{error}\nember: running this graph eagerly instead (set EMBER_STRICT=1 to raise).")
     return gm.forward
 
 

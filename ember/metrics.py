@@ -68,6 +68,25 @@ class Metrics:
         with _lock:
             self.__dict__.update(Metrics().__dict__)
 
+    def __str__(self) -> str:
+        """One line per counter that is not zero, for `print(ember.metrics)`; `repr` has them all."""
+        with _lock:
+            values = dict(self.__dict__)
+        lines = ["ember.metrics:"]
+        for name, value in values.items():
+            if isinstance(value, Counter):
+                moved = [(str(key), n) for key, n in value.most_common() if n]
+                if moved:
+                    width = max(len(key) for key, _ in moved)
+                    lines += [f"  {name}:", *(f"    {key:<{width}}  {_number(n)}" for key, n in moved)]
+            elif value:
+                lines.append(f"  {name}: {_number(value)}")
+        return "\n".join(lines) if len(lines) > 1 else "ember.metrics: nothing compiled or run yet"
+
+
+def _number(value: float) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
 
 # The process-wide counters; owned by this module and only ever added to through `add` and
 # `tally`, by compile_graph (and by the kernel search, runtime/search.py, which runs at a

@@ -16,7 +16,6 @@ Note: dynamic shapes by specialization
 from __future__ import annotations
 
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +23,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
+from ember.errors import warn_at_user_code
 from ember.metrics import metrics
 
 SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -75,8 +75,8 @@ class ShapeSpecializedGraph:
                 raise RuntimeError(f"ember: more than {self.limit} shapes for one graph (shape_specializations)")
             if not self.warned:
                 self.warned = True
-                warnings.warn(f"ember: this graph has run with more than {self.limit} input shapes; "
-                              "new shapes run eagerly (raise EMBER_SHAPE_SPECIALIZATIONS)", stacklevel=3)  # fmt: skip
+                warn_at_user_code(f"ember: this graph has run with more than {self.limit} input shapes; "
+                                  "new shapes run eagerly (raise EMBER_SHAPE_SPECIALIZATIONS)")  # fmt: skip
             return self.run_eagerly
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         static_gm = static_graph(self.gm, args)

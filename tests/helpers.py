@@ -31,6 +31,8 @@ def test_device() -> str:
     return os.environ.get("EMBER_TEST_DEVICE", "cpu")
 
 
+test_device.__test__ = False  # a helper that tests import, not a test pytest should collect
+
 # Tests of the C++ renderer's own structure (loop counts, symbols) or of behaviour only the
 # C++ kernels give (var_mean's mean of infinities as eager's CPU Welford) run on the CPU only.
 cpu_kernels_only = pytest.mark.skipif(test_device() != "cpu", reason="C++ kernels only (EMBER_TEST_DEVICE is not cpu)")

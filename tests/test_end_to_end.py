@@ -164,8 +164,9 @@ def test_failure_falls_back_to_eager_with_one_warning(monkeypatch):
         warnings.simplefilter("always")
         out = compile_fn(lambda x: x + 1)(torch.ones(3))
     assert torch.equal(out, torch.full((3,), 2.0))
-    messages = [str(w.message) for w in caught if "ember" in str(w.message)]
-    assert len(messages) == 1 and "stage 'runtime'" in messages[0]
+    ours = [w for w in caught if "ember" in str(w.message)]
+    assert len(ours) == 1 and "stage 'runtime'" in str(ours[0].message)
+    assert ours[0].filename == __file__  # the user's line, not a file inside torch
     assert ember.metrics.graphs_failed == 1
 
 
@@ -199,6 +200,20 @@ def test_debug_dump(tmp_path, monkeypatch, capsys):
         assert (graph_dir / name).read_text()
     assert len(list((graph_dir / "kernels").glob("*.cpp"))) == 1
     assert str(graph_dir.resolve()) in capsys.readouterr().err
+
+
+def test_debug_dumps_are_numbered_and_named_by_role(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_DEBUG", "1")
+    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path))
+    x = torch.randn(4, 3, requires_grad=True)
+    compile_fn(lambda a: (a.sin() * 2).sum())(x).backward()
+    with torch.no_grad():
+        compile_fn(lambda a: a.cos() + 1)(x)
+    names = sorted(folder.name for folder in tmp_path.iterdir())
+    roles = [name.split("_")[1] for name in names]
+    assert roles == ["forward", "backward", "inference"], names
+    numbers = [int(name.split("_")[0]) for name in names]
+    assert numbers == sorted(set(numbers))  # distinct, in compile order
 
 
 def test_ember_compile_rejects_unknown_option():

@@ -74,6 +74,7 @@ class KernelCall:
     can_fail: bool = False  # the kernel reports errors through the wrapper's flag
     triton: bool = False  # a Triton launcher: called with the tensors themselves
     error_slot: int | None = None  # a Triton kernel that can fail: its slot in the device error flags
+    label: str = ""  # the profiler's name for this call (Note: profiler ranges, python.py)
 
     def render(self) -> str:
         if self.triton:
@@ -90,6 +91,7 @@ class ExternCall:
     call_args: str
     outputs: list[Buffer]
     single: bool
+    label: str = ""  # the profiler's name for this call (Note: profiler ranges, python.py)
 
     def render(self) -> str:
         if self.single:

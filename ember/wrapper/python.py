@@ -30,7 +30,8 @@ HEADER = """\
 import torch
 from ember.wrapper.runtime import (
     GpuErrorFlags, KernelErrorFlag, as_strided, assert_layout, empty_large, empty_strided, ensure_layout, load_kernel,
-    constant_on, load_triton_kernel, random_seed, random_seed_value, search_cpu_kernel, tree_leaves,
+    constant_on, load_triton_kernel, profiled_call, profiler_active, random_seed, random_seed_value, record_function,
+    search_cpu_kernel, tree_leaves,
 )
 
 aten = torch.ops.aten
@@ -67,12 +68,15 @@ def generate_wrapper(
     huge_pages: bool = False,
     pool_bytes: int = 0,
     verify: bool = False,
+    labels: dict[int, str] | None = None,
 ) -> WrapperSource:
     """`host_inputs`: inputs of a CUDA graph that come on the CPU (0-d tensors, as eager allows).
     `huge_pages`: large CPU buffers are allocated in huge pages; `pool_bytes`: the most bytes of
     them kept for reuse (runtime/memory.py). `verify`: `call(args, _check)` hands each step's
-    finished buffers to `_check` (Note: verifying a compiled graph, wrapper/verify.py)."""
+    finished buffers to `_check` (Note: verifying a compiled graph, wrapper/verify.py).
+    `labels`: each step's name under the profiler (Note: profiler ranges, wrapper/runtime.py)."""
     device = device or torch.device("cpu")
+    labels = labels or {}
     objects: list[Any] = []
     gpu_errors: list[list[tuple[str, str]]] = []
     buffers = {b.name: b for b in graph.buffers.values() if b.kind in ("input", "constant", "seed")}
@@ -102,15 +106,17 @@ def generate_wrapper(
             if i in kernels and kernels[i].triton is not None:
                 slot = len(gpu_errors) if kernels[i].errors else None
                 gpu_errors += [list(kernels[i].errors)] if kernels[i].errors else []
-                body.append(L.KernelCall(kernels[i].var, list(kernels[i].params), False, True, slot))
+                label = labels.get(i, kernels[i].var)
+                body.append(L.KernelCall(kernels[i].var, list(kernels[i].params), False, True, slot, label))
             elif i in kernels:  # (a group of empty buffers has no kernel)
-                body.append(L.KernelCall(kernels[i].var, list(kernels[i].params), bool(kernels[i].errors)))
+                label = labels.get(i, kernels[i].var)
+                body.append(L.KernelCall(kernels[i].var, list(kernels[i].params), bool(kernels[i].errors), label=label))
             unread: set[str] = set()
         else:
             # an extern output nobody reads is never unpacked: its real layout may even differ
             # from the meta's (embedding_bag's offset2bag is empty on its bfloat16 fast path)
             unread = set(freed[i]) & {b.name for b in step.outputs}
-            body += _extern_lines(step, buffers, graph, objects, unread)
+            body += _extern_lines(step, buffers, graph, objects, unread, labels.get(i, f"ember {step.op}"))
         if checked.get(i):
             body.append(L.CheckBuffers(i, [n for n in checked[i] if n not in unread]))
         body += [L.FreeIfNotReused(buffers[name]) for name in sorted(freed[i]) if name not in unread]
@@ -183,22 +189,40 @@ def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: 
         if k.errors:
             head.append(f"{k.var}_errors = {list(k.errors)!r}")
     head.append("")
-    names = [b.name for b in graph.inputs]
     params = "args, _check" if verify else "args"
     call = [f"def call({params}):"]
+    body_function = "call"
     if device.type == "cuda":  # Triton launches on the current device
         call = [f"def call({params}):", "    with torch.cuda.device(_device):", f"        return _call({params})", "",
                 f"def _call({params}):"]  # fmt: skip
-    if names:
-        call.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args")
-    call.append("    args.clear()")
-    call += _error_flag_lines(kernels, gpu_error_slots)
+        body_function = "_call"
+    call.append("    if profiler_active():  # Note: profiler ranges")
+    call.append(f"        return profiled_call(globals(), {params})")
+    call += _call_body(graph, kernels, body, device, gpu_error_slots, profiled=False)
+    profiled = [f"def _call_profiled({params}):"]
+    profiled += _call_body(graph, kernels, body, device, gpu_error_slots, profiled=True)
+    head.append(f"_PROFILED_SOURCE = {chr(10).join(profiled) + chr(10)!r}  # of `{body_function}`, under the profiler")
+    head.append("")
+    return "\n".join(head + call) + "\n"
+
+
+def _call_body(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: list[L.Line], device: torch.device,
+               gpu_error_slots: int, profiled: bool) -> list[str]:  # fmt: skip
+    """The lines of `call` after its signature; `profiled`: each labelled call in its profiler range."""
+    names = [b.name for b in graph.inputs]
+    lines = [f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args"] if names else []
+    lines.append("    args.clear()")
+    lines += _error_flag_lines(kernels, gpu_error_slots)
     for c in graph.constants:
         cuda = device.type == "cuda"
-        call.append(f"    {c} = constant_on(_constants, {c!r}, _device)" if cuda else f"    {c} = _constants[{c!r}]")
+        lines.append(f"    {c} = constant_on(_constants, {c!r}, _device)" if cuda else f"    {c} = _constants[{c!r}]")
     for line in body:
-        call += ["    " + text for text in line.render().splitlines() if text]
-    return "\n".join(head + call) + "\n"
+        label = getattr(line, "label", "")
+        indent = "        " if profiled and label else "    "
+        if profiled and label:
+            lines.append(f"    with record_function({label!r}):")
+        lines += [indent + text for text in line.render().splitlines() if text]
+    return lines
 
 
 def _error_flag_lines(kernels: dict[int, KernelBinary], gpu_error_slots: int) -> list[str]:
@@ -213,7 +237,7 @@ def _error_flag_lines(kernels: dict[int, KernelBinary], gpu_error_slots: int) ->
 
 
 def _extern_lines(step: ExternCall, buffers: dict, graph: LoweredGraph, objects: list,
-                  unread: set[str]) -> list[L.Line]:  # fmt: skip
+                  unread: set[str], label: str = "") -> list[L.Line]:  # fmt: skip
     def arg_expr(value: Any) -> str:
         if isinstance(value, BufferRef):
             return L.tensor_expr(value, buffers[value.name].layout)
@@ -222,7 +246,7 @@ def _extern_lines(step: ExternCall, buffers: dict, graph: LoweredGraph, objects:
     args = [arg_expr(a) for a in step.args] + [f"{k}={arg_expr(v)}" for k, v in step.kwargs.items()]
     target = f"torch.ops.{step.op}" if isinstance(step.op, torch._ops.OpOverload) else _literal(step.op, objects)
     single = step.output_structure == "single"
-    lines: list[L.Line] = [L.ExternCall(target, ", ".join(args), step.outputs, single)]
+    lines: list[L.Line] = [L.ExternCall(target, ", ".join(args), step.outputs, single, label)]
     for b in step.outputs:
         buffers[b.name] = b
     if not single and step.outputs:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import ctypes
+import threading
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -12,6 +13,26 @@ from ember.runtime.cpu import load_cached_kernel as load_kernel
 from ember.runtime.memory import empty_large
 from ember.runtime.search import search_cpu_kernel
 from ember.runtime.triton import TritonLauncher, import_module
+
+# Note: profiler ranges. Under torch.profiler, each kernel and extern call of a wrapper runs in
+# its own named range (`ember kernel_3: gelu, mul, sum`). A wrapper carries the source of that
+# variant of its `call` as a string, compiled at the first profiled call only, so a wrapper
+# compiles as fast as before and an unprofiled call pays one check of the profiler's flag.
+profiler_active = torch._C._autograd._profiler_enabled
+record_function = torch.profiler.record_function
+_profiled_lock = threading.Lock()
+
+
+def profiled_call(module: dict, *args):
+    """Run the module's profiled `call` variant, compiling it at its first use."""
+    function = module.get("_call_profiled")
+    if function is None:
+        with _profiled_lock:
+            function = module.get("_call_profiled")
+            if function is None:
+                exec(compile(module["_PROFILED_SOURCE"], module.get("__file__", "<ember wrapper>"), "exec"), module)
+                function = module["_call_profiled"]
+    return function(*args)
 
 
 def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
@@ -23,7 +44,7 @@ def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
 __all__ = [
     "GpuErrorFlags", "KernelErrorFlag", "load_triton_kernel", "constant_on", "random_seed", "random_seed_value",
     "as_strided", "assert_layout", "empty_large", "empty_strided", "ensure_layout", "load_kernel", "search_cpu_kernel",
-    "tree_leaves",
+    "tree_leaves", "profiler_active", "profiled_call", "record_function",
 ]  # fmt: skip
 
 

@@ -32,8 +32,6 @@ Note: verifying a compiled graph
 
 from __future__ import annotations
 
-import re
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +40,8 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ember.errors import EmberError
+from ember.debug.provenance import fused_nodes, source_line, step_of_nodes
+from ember.errors import EmberError, warn_at_user_code
 from ember.ir import ExternCall, Layout, LoweredGraph
 from ember.metrics import metrics
 from ember.schedule import KernelStep, Step
@@ -141,38 +140,12 @@ class VerifiedGraph:
             metrics.add(verify_mismatches=1)
             if self.strict:
                 raise VerificationError(found[0].message())
-            warnings.warn(f"ember verify: {found[0].message()}", stacklevel=2)
+            warn_at_user_code(f"ember verify: {found[0].message()}")
         return result
 
 
 def view(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     return t.as_strided(layout.size, layout.stride, t.storage_offset() + layout.offset)
-
-
-def step_of_nodes(steps: list[Step], holds: dict[str, tuple[torch.fx.Node, Layout]]) -> dict[torch.fx.Node, int]:
-    """The step that computes each FX node some buffer holds."""
-    step_of = {}
-    for i, step in enumerate(steps):
-        names = step.writes if isinstance(step, KernelStep) else [b.name for b in step.outputs]
-        for name in names:
-            if name in holds:
-                step_of[holds[name][0]] = i
-    return step_of
-
-
-def fused_nodes(node: torch.fx.Node, step: int, step_of: dict[torch.fx.Node, int]) -> tuple[torch.fx.Node, ...]:
-    """The FX nodes `step` computes to give `node`: its ancestors reached without going through
-    a node another step's buffer holds (or a graph input), in graph order."""
-    region: set[torch.fx.Node] = set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if n in region or n.op != "call_function":
-            continue
-        region.add(n)
-        stack += [a for a in n.all_input_nodes if step_of.get(a, step) == step]
-    order = {n: k for k, n in enumerate(node.graph.nodes)}
-    return tuple(sorted(region, key=order.__getitem__))
 
 
 class Reference:
@@ -302,25 +275,3 @@ def float_difference(got: torch.Tensor, want: torch.Tensor, rtol: float) -> str:
     return (f"{int(bad.sum())} of {g.numel()} elements beyond tolerance (rtol {rtol:g} for {got.dtype}); "
             f"max abs error {float(error[bad].max()):.3g} at {where} (ember {g[where].item():.7g}, float64 "
             f"{w[where].item():.7g}), max rel error {float(relative[bad].max()):.3g}")  # fmt: skip
-
-
-def source_line(node: torch.fx.Node, fused: tuple[torch.fx.Node, ...]) -> str:
-    """The user's line for `node` (or the first fused node that has one), from its stack trace;
-    for a backward node (AOTAutograd keeps no stack trace there), the forward module and the
-    aten op it is the gradient of."""
-    for n in (node, *fused):
-        trace = n.meta.get("stack_trace")
-        if trace:
-            frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
-            if frames:
-                path, line, function, code = frames[-1]
-                return f'File "{path}", line {line}, in {function}: {code.strip()}'
-    for n in (node, *fused):
-        modules = n.meta.get("fwd_nn_module_stack") or n.meta.get("nn_module_stack")
-        if modules:
-            path, kind = list(modules.values())[-1]
-            kind_name = getattr(kind, "__name__", str(kind))
-            of = f" (part of {n.meta['original_aten']})" if n.meta.get("original_aten") else ""
-            backward = "the backward of " if n.meta.get("partitioner_tag") == "is_backward" else ""
-            return f"{backward}module {path} ({kind_name}){of}; no stack trace"
-    return "unknown (the FX node has no stack trace)"
