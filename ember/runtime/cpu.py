@@ -204,21 +204,10 @@ def batch_source(sources: list[str]) -> str:
     file_scope: dict[str, None] = {}
     bodies = []
     for lines in split:
-        body, block = [], None
-        for line in lines[common:]:
-            if block is not None:  # inside an `extern "C" {` block of declarations
-                if line == "}\n":
-                    declarations.update(dict.fromkeys(block))
-                    block = None
-                else:
-                    block.append(line)
-            elif line == 'extern "C" {\n':
-                block = []
-            elif line.startswith(FILE_SCOPE_LINES):
-                file_scope[line] = None
-            else:
-                body.append(line)
-        bodies.append("".join(body))
+        body, declared, scoped = _split_source(lines[common:])
+        declarations.update(dict.fromkeys(declared))
+        file_scope.update(dict.fromkeys(scoped))
+        bodies.append(body)
     parts = ["".join(split[0][:common])]
     if declarations:
         parts.append('extern "C" {\n' + "".join(declarations) + "}\n")
@@ -226,6 +215,28 @@ def batch_source(sources: list[str]) -> str:
     for i, body in enumerate(bodies):
         parts.append(f"namespace ember_kernel_{i} {{\n{body}}}  // namespace ember_kernel_{i}\n")
     return "".join(parts)
+
+
+def _split_source(lines: list[str]) -> tuple[str, list[str], list[str]]:
+    """(the source's own lines, the lines of its `extern "C" {` declaration blocks, its
+    FILE_SCOPE_LINES)."""
+    body: list[str] = []
+    declared: list[str] = []
+    scoped: list[str] = []
+    in_block = False
+    for line in lines:
+        if in_block:
+            if line == "}\n":
+                in_block = False
+            else:
+                declared.append(line)
+        elif line == 'extern "C" {\n':
+            in_block = True
+        elif line.startswith(FILE_SCOPE_LINES):
+            scoped.append(line)
+        else:
+            body.append(line)
+    return "".join(body), declared, scoped
 
 
 FILE_SCOPE_LINES = ("#include", "#pragma omp declare reduction")  # each the same wherever it appears
