@@ -14,7 +14,7 @@ import ember
 from ember.backend import Capabilities, GeneratedKernels, has_work
 from ember.codegen.kernel import KernelAST, build_kernel_ast
 from ember.codegen.linearize import linearize
-from ember.codegen.phases import full_rewrite
+from ember.codegen.phases import full_rewrite, number_ranges
 from ember.codegen.shared_loops import reduce_loop_count
 from ember.compile_search import compile_candidates, plan_search
 from ember.config import Config
@@ -25,8 +25,9 @@ from ember.ir import LoweredGraph
 from ember.metrics import metrics
 from ember.renderer.common import RenderedKernel
 from ember.renderer.cpp import render
-from ember.runtime.cpu import CompiledKernel, compile_cpp, simd_math_functions
+from ember.runtime.cpu import CompiledKernel, batchable, compile_cpp_batch, simd_math_functions
 from ember.schedule import KernelStep, graph_last_uses
+from ember.uop.ops import UOp
 from ember.wrapper.python import KernelBinary
 
 
@@ -46,13 +47,14 @@ class CppBackend:
         with KernelBuilder(config, progress) as builder:
             with stage("codegen", timings):
                 dying = [{n: graph.buffers[n] for n in names} for names in graph_last_uses(graph, steps)]
-            rendered = {}
+            rendered: dict[int, tuple[RenderedKernel, KernelAST]] = {}
+            generated: dict[tuple, RenderedKernel] = {}  # Note: kernels generated once
             if progress is not None:
                 progress.kernels(total=sum(1 for s in steps if has_work(s)))
             for i, step in enumerate(steps):
                 if has_work(step):
                     with stage("codegen", timings):
-                        rendered[i] = codegen_kernel(step, config, dying[i], timings)
+                        rendered[i] = codegen_kernel(step, config, dying[i], timings, generated)
                     builder.submit(rendered[i][0])
                     if progress is not None:
                         progress.kernels(generated=1)
@@ -62,6 +64,7 @@ class CppBackend:
             debug.write(f"kernels/{kernel.name}.{self.source_suffix}", kernel.source)
         if config.kernel_search:
             binaries = compile_candidates(binaries, rendered, config, debug)
+        metrics.add(kernels_codegen=len(generated))
         return GeneratedKernels(
             binaries, len(rendered), sum(kernel.reduce_loops for kernel, _ in rendered.values()),
             sum(kernel.tiled for kernel, _ in rendered.values()),
@@ -69,47 +72,75 @@ class CppBackend:
 
 
 def codegen_kernel(
-    step: KernelStep, config: Config, dying: dict | None = None, timings: dict[str, float] | None = None
+    step: KernelStep,
+    config: Config,
+    dying: dict | None = None,
+    timings: dict[str, float] | None = None,
+    generated: dict[tuple, RenderedKernel] | None = None,
 ) -> tuple[RenderedKernel, KernelAST]:
     """One kernel: AST, rewrite phases, linearize, render. Names the op when it fails.
     `dying`: the buffers whose last use is this kernel (it may write over one of them).
-    `timings` gets the rendering's share under "render" (it is part of "codegen")."""
+    `timings` gets the rendering's share under "render" (it is part of "codegen").
+    `generated`: the kernels already generated for this graph by AST (Note: kernels generated once)."""
     try:
         ast = build_kernel_ast(step.group, step.stored, dying, step.alignment, step.bodies)
-        sink = full_rewrite(ast.sink, check=config.check_ir)
-        program = linearize(sink)
-        name = f"kernel_{sink.key[:16]}"
-        start = time.perf_counter()
-        kernel = render(name, program, ast.outputs, config.parallel_threshold, simd_math_functions())
-        kernel.reduce_loops = reduce_loop_count(program)
-        if timings is not None:
-            timings["render"] = timings.get("render", 0.0) + time.perf_counter() - start
-        if config.kernel_search:
-            kernel.search = plan_search(program, kernel, lambda c: render(
-                name, program, ast.outputs, config.parallel_threshold, simd_math_functions(), c).source)  # fmt: skip
+        sink = number_ranges(ast.sink)
+        key = (sink, ast.outputs)
+        if generated is not None and key in generated:
+            return generated[key], ast
+        kernel = _generate(sink, ast, config, timings)
+        if generated is not None:
+            generated[key] = kernel
         return kernel, ast
     except Exception as e:
         origins = ", ".join(o for c in step.group for o in c.origins)
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e
 
 
+def _generate(sink: UOp, ast: KernelAST, config: Config, timings: dict[str, float] | None) -> RenderedKernel:
+    """Note: kernels generated once
+    Identical layers give identical kernels. Every buffer of a kernel AST is a positional
+    parameter (codegen/kernel.py) and its ranges are numbered 0, 1, ... per nesting rank
+    (`number_ranges`, order kept: no decision compares more than the order), so two kernels
+    that compute the same thing have one AST; everything after it (the rewrite phases, the
+    linearizer, the renderer, the search plan) is a function of that AST and the config, and
+    runs once per distinct AST of a graph; gcc sees each distinct source once (KernelBuilder)."""
+    lowered = full_rewrite(sink, check=config.check_ir)
+    program = linearize(lowered)
+    name = f"kernel_{lowered.key[:16]}"
+    start = time.perf_counter()
+    kernel = render(name, program, ast.outputs, config.parallel_threshold, simd_math_functions())
+    kernel.reduce_loops = reduce_loop_count(program)
+    if timings is not None:
+        timings["render"] = timings.get("render", 0.0) + time.perf_counter() - start
+    if config.kernel_search:
+        kernel.search = plan_search(program, kernel, lambda c: render(
+            name, program, ast.outputs, config.parallel_threshold, simd_math_functions(), c).source)  # fmt: skip
+    return kernel
+
+
 class KernelBuilder:
-    """gcc for each rendered kernel, started as soon as it is submitted.
+    """gcc for the rendered kernels, in batches started as soon as they fill.
 
     Note: compiling while generating
-        Code generation is Python (one core, the GIL); gcc runs in subprocesses. Submitting each
-        kernel to a thread pool as soon as it is rendered lets gcc work on the other cores while
-        the next kernels are generated, instead of waiting for all of them. Each compile is a
-        subprocess, so threads are enough; identical sources are compiled once. The pool has one
-        thread per usable core (`config.compile_threads`), so a cold compile does not start more
-        gcc processes than the machine runs at once.
+        Code generation is Python (one core, the GIL); gcc runs in subprocesses. Submitting
+        kernels to a thread pool as soon as a batch of them is rendered lets gcc work on the
+        other cores while the next kernels are generated, instead of waiting for all of them.
+        Each compile is a subprocess, so threads are enough; identical sources are compiled
+        once. A batch (Note: kernels compiled together, runtime/cpu.py) holds BATCH_KERNELS
+        distinct sources; what is left when the last kernel is rendered is split over the
+        workers. The pool has one thread per usable core (`config.compile_threads`), so a cold
+        compile does not start more gcc processes than the machine runs at once.
     """
 
     def __init__(self, config: Config, progress: CompileProgress | None = None):
         self.config = config
         self.progress = progress
-        self.pool = ThreadPoolExecutor(max_workers=compile_workers(config.compile_threads))
-        self.futures: dict[str, Future[CompiledKernel]] = {}  # source -> its compile
+        self.workers = compile_workers(config.compile_threads)
+        self.pool = ThreadPoolExecutor(max_workers=self.workers)
+        # source -> (its batch's compile, its position in the batch)
+        self.futures: dict[str, tuple[Future[list[CompiledKernel]], int]] = {}
+        self.pending: dict[str, RenderedKernel] = {}  # rendered, not yet submitted
 
     def __enter__(self) -> KernelBuilder:
         return self
@@ -118,18 +149,38 @@ class KernelBuilder:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     def submit(self, kernel: RenderedKernel) -> None:
-        if kernel.source not in self.futures:
-            cache_dir, cxx = Path(self.config.cache_dir), self.config.cxx
-            self.futures[kernel.source] = self.pool.submit(
-                compile_cpp, kernel.source, kernel.name, cache_dir, cxx, ember.__version__
-            )
-            if (progress := self.progress) is not None:
-                self.futures[kernel.source].add_done_callback(lambda _: progress.kernels(compiled=1))
+        if kernel.source in self.futures or kernel.source in self.pending:
+            return
+        if not batchable(kernel.source):
+            self._start([kernel])
+            return
+        self.pending[kernel.source] = kernel
+        if len(self.pending) >= BATCH_KERNELS:
+            self._flush(1)
+
+    def _flush(self, parts: int) -> None:
+        """Every pending kernel into `parts` batches of about equal size."""
+        kernels = list(self.pending.values())
+        self.pending.clear()
+        size = max(1, -(-len(kernels) // max(1, parts)))
+        for start in range(0, len(kernels), size):
+            self._start(kernels[start : start + size])
+
+    def _start(self, kernels: list[RenderedKernel]) -> None:
+        cache_dir, cxx = Path(self.config.cache_dir), self.config.cxx
+        batch = [(k.name, k.source) for k in kernels]
+        future = self.pool.submit(compile_cpp_batch, batch, cache_dir, cxx, ember.__version__)
+        for i, kernel in enumerate(kernels):
+            self.futures[kernel.source] = (future, i)
+        if (progress := self.progress) is not None:
+            future.add_done_callback(lambda _: progress.kernels(compiled=len(batch)))
 
     def binaries(self, rendered: dict[int, tuple[RenderedKernel, KernelAST]]) -> dict[int, KernelBinary]:
+        self._flush(self.workers)
         binaries = {}
         for i, (kernel, ast) in rendered.items():
-            result = self.futures[kernel.source].result()
+            future, position = self.futures[kernel.source]
+            result = future.result()[position]
             metrics.add(code_cache_hits=result.cache_hit, code_cache_misses=not result.cache_hit)
             # identical kernels share one loaded function: the symbol is a content hash
             errors = tuple((e.error, e.message) for e in kernel.errors)
@@ -137,6 +188,9 @@ class KernelBuilder:
             binaries[i] = KernelBinary(result.symbol, result.relative, result.symbol, arguments, errors, ast.inplace,
                                        sha256=result.sha256)  # fmt: skip
         return binaries
+
+
+BATCH_KERNELS = 8  # distinct kernels per gcc process while rendering (Note: kernels compiled together)
 
 
 def compile_workers(requested: int) -> int:

@@ -16,7 +16,7 @@ import ember
 from ember.backend import Capabilities, GeneratedKernels, has_work
 from ember.codegen.blocks import BlockLimits, plan_blocks
 from ember.codegen.kernel import build_kernel_ast
-from ember.codegen.phases import block_rewrite
+from ember.codegen.phases import block_rewrite, number_ranges
 from ember.config import Config
 from ember.debug.log import DebugDump
 from ember.errors import EmberError, stage
@@ -50,10 +50,12 @@ class TritonBackend:
 
     def generate(self, graph: LoweredGraph, steps: list, config: Config, debug: DebugDump,
                  timings: dict[str, float]) -> GeneratedKernels:  # fmt: skip
+        generated: dict[tuple, RenderedKernel] = {}  # Note: kernels generated once (compile_cpp.py)
         with stage("codegen", timings):
             limits = self.capabilities.blocks or BlockLimits()
-            rendered = {i: codegen_triton_kernel(s, limits, config.check_ir)
+            rendered = {i: codegen_triton_kernel(s, limits, config.check_ir, generated)
                         for i, s in enumerate(steps) if has_work(s)}  # fmt: skip
+        metrics.add(kernels_codegen=len(generated))
         with stage("runtime", timings):
             binaries = compile_triton_kernels(rendered, config, self.interpret)
         for kernel, _ in rendered.values():
@@ -61,16 +63,22 @@ class TritonBackend:
         return GeneratedKernels(binaries, len(rendered))
 
 
-def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool = False
+def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool = False,
+                          generated: dict[tuple, RenderedKernel] | None = None
                           ) -> tuple[RenderedKernel, tuple[str, ...]]:  # fmt: skip
     """One kernel: AST, block rewrite phases, block plan (codegen/blocks.py), render. Names the op
-    when it fails."""
+    when it fails. `generated`: the kernels already generated for this graph by AST (Note:
+    kernels generated once, compile_cpp.py)."""
     try:
         ast = build_kernel_ast(step.group, step.stored, None, step.alignment, step.bodies)
-        sink = block_rewrite(ast.sink, check_ir)
-        name = f"triton_{sink.key[:16]}"
         scalars = frozenset(f"p{i}" for i, buffer in enumerate(ast.params) if buffer == SEED_BUFFER)
-        kernel = render_triton(name, sink, plan_blocks(sink, limits), ast.outputs, scalars)
+        key = (number_ranges(ast.sink), ast.outputs, scalars)
+        kernel = generated.get(key) if generated is not None else None
+        if kernel is None:
+            sink = block_rewrite(key[0], check_ir)
+            kernel = render_triton(f"triton_{sink.key[:16]}", sink, plan_blocks(sink, limits), ast.outputs, scalars)
+            if generated is not None:
+                generated[key] = kernel
         return kernel, ast.arguments(kernel.params)
     except Exception as e:
         origins = ", ".join(o for c in step.group for o in c.origins)

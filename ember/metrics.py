@@ -24,6 +24,7 @@ class Metrics:
     graphs_compiled: int = 0
     graphs_failed: int = 0  # fell back to eager
     kernels_generated: int = 0
+    kernels_codegen: int = 0  # of those, the distinct ASTs that went through the rewrite phases and the renderer
     tiled_kernels: int = 0  # C++ kernels whose loops are 2-D tiles for transposed access (codegen/tiling.py)
     fusions: int = 0  # pairs of groups merged by the scheduler
     fusion_refusals: int = 0
@@ -34,6 +35,7 @@ class Metrics:
     graph_cache_hits: int = 0  # graphs loaded whole from the cache (no lowering, no gcc)
     code_cache_hits: int = 0
     code_cache_misses: int = 0
+    gcc_runs: int = 0  # gcc processes started (Note: kernels compiled together, runtime/cpu.py)
     cache_entries_rebuilt: int = 0  # cache entries that failed their checks or their load, discarded (runtime/cache.py)
     # seconds per compile stage, summed over graphs (graph_key, graph_cache_load, lower, schedule,
     # codegen (render is its share), runtime (waiting for gcc), wrapper, graph_cache_store), and

@@ -28,6 +28,7 @@ from tests.helpers import compile_fn
 PROGRAMS = {
     "sin": lambda x, y: (x * y + 1.0).sin(),
     "cos": lambda x, y: (x * y - 1.0).cos(),
+    "pair": lambda x, y: torch.mm((x * y).tanh(), y / 64).sin(),  # two kernels: one batch (runtime/cpu.py)
 }
 
 
@@ -42,7 +43,8 @@ def expected(name: str) -> torch.Tensor:
 
 SCRIPT = """
 import json, sys, torch, ember
-programs = {"sin": lambda x, y: (x * y + 1.0).sin(), "cos": lambda x, y: (x * y - 1.0).cos()}
+programs = {"sin": lambda x, y: (x * y + 1.0).sin(), "cos": lambda x, y: (x * y - 1.0).cos(),
+            "pair": lambda x, y: torch.mm((x * y).tanh(), y / 64).sin()}
 x, y = torch.linspace(-3, 3, 4096).reshape(64, 64), torch.linspace(1, 2, 4096).reshape(64, 64)
 for name in sys.argv[1:]:
     torch._dynamo.reset()
@@ -100,6 +102,22 @@ def test_truncated_kernel_is_rebuilt_not_loaded(cache, graph_cache):
     second = run_process(cache, "sin", graph_cache=graph_cache)
     assert second["rebuilt"] >= 1 and second["code_misses"] == 1
     third = run_process(cache, "sin", graph_cache=graph_cache)  # repaired for good
+    assert third["rebuilt"] == 0 and third["code_misses"] == 0
+
+
+@pytest.mark.parametrize("graph_cache", [True, False])
+def test_truncated_batch_of_kernels_is_rebuilt_not_loaded(cache, graph_cache, monkeypatch):
+    """Two kernels compiled in one gcc run share a .so (Note: kernels compiled together)."""
+    monkeypatch.setenv("EMBER_COMPILE_THREADS", "1")  # one worker: the graph's two kernels in one batch
+    first = run_process(cache, "pair", graph_cache=graph_cache)
+    assert first["code_misses"] == 2
+    (so,) = kernel_files(cache)  # one shared object for both kernels
+    records = [json.loads(json.loads(r.read_text())["payload"]) for r in (cache / "kernels").rglob("*.json")]
+    assert [r.get("library") for r in records] == [so.relative_to(cache).as_posix()] * 2
+    so.write_bytes(so.read_bytes()[: so.stat().st_size // 2])  # loading it would SIGBUS
+    second = run_process(cache, "pair", graph_cache=graph_cache)
+    assert second["rebuilt"] >= 1 and second["code_misses"] == 2
+    third = run_process(cache, "pair", graph_cache=graph_cache)  # repaired for good
     assert third["rebuilt"] == 0 and third["code_misses"] == 0
 
 
@@ -229,12 +247,15 @@ def test_other_compiler_is_a_new_key(cache, monkeypatch):
 # ---- a cache moved or copied elsewhere --------------------------------------------------------
 
 
-def test_moved_cache_loads_its_own_kernels(tmp_path):
-    first = run_process(tmp_path / "original", "sin", "cos")
-    assert first["code_misses"] == 2
+def test_moved_cache_loads_its_own_kernels(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_COMPILE_THREADS", "1")  # pair's two kernels in one batch
+    first = run_process(tmp_path / "original", "sin", "cos", "pair")
+    assert first["code_misses"] == 4
     os.rename(tmp_path / "original", tmp_path / "moved")
-    second = run_process(tmp_path / "moved", "sin", "cos")
-    assert second["hits"] == 2 and second["code_misses"] == 0 and second["rebuilt"] == 0
+    second = run_process(tmp_path / "moved", "sin", "cos", "pair")
+    assert second["hits"] == 3 and second["code_misses"] == 0 and second["rebuilt"] == 0
+    third = run_process(tmp_path / "moved", "sin", "cos", "pair", graph_cache=False)  # each kernel's record
+    assert third["code_misses"] == 0 and third["code_hits"] == 4 and third["rebuilt"] == 0
 
 
 # ---- temporary files of killed compiles -------------------------------------------------------

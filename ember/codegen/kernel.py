@@ -14,8 +14,7 @@ from ember.ir import Buffer, ComputedBuffer, IndexedStore, Layout
 from ember.schedule.group import align, resolve_bodies
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import BufferArg, Ops, RangeKind, ScatterArg, UOp, substitute
-from ember.uop.pattern import graph_rewrite
-from ember.uop.symbolic import distributed_terms, pm_symbolic
+from ember.uop.symbolic import distributed_terms, simplify
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ def choose_inplace(sink: UOp, members: dict[str, Buffer], dying: dict[str, Buffe
 def _affine_form(index: UOp) -> object:
     """A canonical form of `index`: its distributed terms when affine (so (a*64 + b)*1024 and
     a*65536 + b*1024 compare equal), else the simplified UOp."""
-    simplified = graph_rewrite(index, pm_symbolic)
+    simplified = simplify(index)
     form = distributed_terms(simplified)
     return simplified if form is None else (frozenset(form[0].items()), form[1])
 
@@ -186,7 +185,7 @@ def _repeated_loops(step: IndexedStore, loop_vars: list[UOp], index: UOp, value:
     if step.combine not in (Ops.ADD, Ops.MUL):
         return ()
     loops = {u for v in loop_vars for u in v.toposort if u.op is Ops.RANGE}
-    used = graph_rewrite(index, pm_symbolic).ranges | graph_rewrite(value, pm_symbolic).ranges  # x*0 varies not
+    used = simplify(index).ranges | simplify(value).ranges  # x*0 varies not
     return tuple(sorted(loops - used, key=lambda r: r.arg.nesting))
 
 

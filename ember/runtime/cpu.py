@@ -6,18 +6,32 @@ concurrent writers of one key never replace each other's file) and `<key>.json`,
 the key and the .so's name and sha256. The key hashes the source with everything else the
 shared object depends on (`kernel_identity`: compiler, flags, CPU, libmvec). A .so is
 loaded only after its bytes match the recorded checksum.
+
+Note: kernels compiled together
+    A gcc process costs more than many small kernels' code: its start, the driver, the
+    assembler and the linker, the .so written and fsynced. So the kernels of a graph go to gcc
+    in batches (`compile_cpp_batch`): one translation unit, each kernel's source in a namespace
+    of its own (its helpers, declarations and OpenMP reductions never meet another's) with its
+    `#include` lines hoisted, and `extern "C"` keeping each kernel's symbol. Each kernel still
+    has its own entry, keyed by its own source as above; a batched one's record names the
+    batch's .so by its path relative to the cache root (`library`) instead of a file beside
+    it, with that .so's sha256, checked before the load as for any other. A lookup is per
+    kernel, so a kernel compiled in one graph's batch is a hit for every other graph. When a
+    batch fails, its kernels are compiled one by one, so the error names the kernel.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from ember.errors import EmberError
+from ember.metrics import metrics
 from ember.runtime import cache_identity
 from ember.runtime.cache import (
     CacheDirectoryError,
@@ -36,6 +50,8 @@ from ember.runtime.cache import (
     write_atomic,
     write_entry,
 )
+
+log = logging.getLogger("ember.runtime")
 
 # -fno-trapping-math: kernels never read the floating-point exception flags, and without it
 # gcc will not if-convert a select whose arm widens a float (`c ? 0.0f : x` summed in double
@@ -79,7 +95,10 @@ def _cached_kernel(root: Path, folder: Path, key: str, symbol: str) -> CompiledK
         record = read_entry(record_path, key)
         if record is None:
             return None
-        so_path = folder / _plain_name(record["file"])
+        if "library" in record:  # compiled in a batch (Note: kernels compiled together)
+            so_path = resolve_in_root(root, record["library"])
+        else:
+            so_path = folder / _plain_name(record["file"])
         getattr(load_verified_library(so_path, record["sha256"]), symbol)
         return CompiledKernel(so_path, symbol, True, relative_to_root(root, so_path), record["sha256"])
     except CacheDirectoryError:
@@ -96,22 +115,131 @@ def _plain_name(name: object) -> str:
 
 
 def _build_kernel(root: Path, folder: Path, key: str, source: str, symbol: str, compiler: str) -> CompiledKernel:
+    so_path, sha256 = _run_gcc(folder, key, source, symbol, compiler)
+    write_entry(folder / f"{key}.json", key, {"file": so_path.name, "sha256": sha256, "source": f"{key}.cpp"})
+    return CompiledKernel(so_path, symbol, False, relative_to_root(root, so_path), sha256)
+
+
+def _run_gcc(folder: Path, key: str, source: str, symbols: str, compiler: str) -> tuple[Path, str]:
+    """gcc on `source` into `folder/<key>-<sha256[:16]>.so`, installed atomically; its path and sha256.
+    `symbols`: the kernels it holds, for the error."""
     cpp_path = folder / f"{key}.cpp"
     write_atomic(cpp_path, source)
     tmp = temp_path_beside(folder / f"{key}.so", ".so")
     try:
         libraries = ["-lmvec"] if simd_math_functions() else []
         command = [compiler, *FLAGS, str(cpp_path), "-o", str(tmp), *libraries]
+        metrics.add(gcc_runs=1)
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
-            raise EmberError("runtime", f"gcc failed on {cpp_path}:\n{result.stderr[-4000:]}", symbol)
+            raise EmberError("runtime", f"gcc failed on {cpp_path}:\n{result.stderr[-4000:]}", symbols)
         sha256 = sha256_bytes(tmp.read_bytes())
         so_path = folder / f"{key}-{sha256[:16]}.so"
         install(tmp, so_path)
     finally:
         tmp.unlink(missing_ok=True)
-    write_entry(folder / f"{key}.json", key, {"file": so_path.name, "sha256": sha256, "source": cpp_path.name})
-    return CompiledKernel(so_path, symbol, False, relative_to_root(root, so_path), sha256)
+    return so_path, sha256
+
+
+# ---- kernels compiled together (Note: kernels compiled together) ------------------------------
+
+
+def batchable(source: str) -> bool:
+    """Whether a source may share a translation unit: not one whose file-wide pragmas
+    (renderer/choices.py file_pragmas) would apply to the other kernels too."""
+    return not source.startswith("#pragma")
+
+
+def compile_cpp_batch(
+    kernels: list[tuple[str, str]], cache_dir: Path, compiler: str, version: str
+) -> list[CompiledKernel]:
+    """The shared object of each (symbol, source) of `kernels`, in order: from the cache, or
+    the missing ones built by one gcc (one by one when that fails)."""
+    root = open_root(cache_dir)
+    keys = [content_hash(source, kernel_identity(compiler), version) for _, source in kernels]
+    found: dict[int, CompiledKernel] = {}
+    for i, ((symbol, _), key) in enumerate(zip(kernels, keys)):
+        cached = _cached_kernel(root, entry_folder(root, "kernels", key), key, symbol)
+        if cached is not None:
+            found[i] = cached
+    missing = [i for i in range(len(kernels)) if i not in found]
+    if len(missing) > 1:
+        try:
+            found.update(zip(missing, _build_batch(root, [kernels[i] for i in missing], [keys[i] for i in missing],
+                                                   compiler)))  # fmt: skip
+        except EmberError as e:  # compiled one by one below: the failing kernel's error names it
+            log.debug("runtime: a batch of %d kernels failed to compile; compiling each alone: %s", len(missing), e)
+    for i in (i for i in missing if i not in found):
+        symbol, source = kernels[i]
+        found[i] = _build_kernel(root, entry_folder(root, "kernels", keys[i]), keys[i], source, symbol, compiler)
+    return [found[i] for i in range(len(kernels))]
+
+
+def _build_batch(root: Path, kernels: list[tuple[str, str]], keys: list[str], compiler: str) -> list[CompiledKernel]:
+    batch_key = content_hash("batch", *keys)  # each key covers its source, the compiler, the flags, the CPU
+    folder = entry_folder(root, "kernels", batch_key)
+    symbols = [symbol for symbol, _ in kernels]
+    so_path, sha256 = _run_gcc(folder, batch_key, batch_source([s for _, s in kernels]), ", ".join(symbols), compiler)
+    library = relative_to_root(root, so_path)
+    for key in keys:
+        record = {"library": library, "sha256": sha256, "source": relative_to_root(root, folder / f"{batch_key}.cpp")}
+        write_entry(entry_folder(root, "kernels", key) / f"{key}.json", key, record)
+    return [CompiledKernel(so_path, symbol, False, library, sha256) for symbol in symbols]
+
+
+def batch_source(sources: list[str]) -> str:
+    """One translation unit for `sources`. At file scope, once, as in each source alone: the
+    lines they all open with (the renderer's prelude), their `extern "C"` declaration blocks
+    (a `simd` declaration of expf inside a namespace would not reach the builtin gcc calls,
+    and its loops would not vectorize) and their OpenMP reduction declarations. The rest of
+    each source goes in a namespace of its own, where its helpers never meet another's; C
+    linkage keeps every `extern "C"` kernel's symbol as it was."""
+    split = [source.splitlines(keepends=True) for source in sources]
+    common = 0
+    while all(len(lines) > common and lines[common] == split[0][common] for lines in split):
+        if split[0][common].startswith('extern "C"'):  # a declaration block or a kernel: not the prelude
+            break
+        common += 1
+    declarations: dict[str, None] = {}
+    file_scope: dict[str, None] = {}
+    bodies = []
+    for lines in split:
+        body, declared, scoped = _split_source(lines[common:])
+        declarations.update(dict.fromkeys(declared))
+        file_scope.update(dict.fromkeys(scoped))
+        bodies.append(body)
+    parts = ["".join(split[0][:common])]
+    if declarations:
+        parts.append('extern "C" {\n' + "".join(declarations) + "}\n")
+    parts += file_scope
+    for i, body in enumerate(bodies):
+        parts.append(f"namespace ember_kernel_{i} {{\n{body}}}  // namespace ember_kernel_{i}\n")
+    return "".join(parts)
+
+
+def _split_source(lines: list[str]) -> tuple[str, list[str], list[str]]:
+    """(the source's own lines, the lines of its `extern "C" {` declaration blocks, its
+    FILE_SCOPE_LINES)."""
+    body: list[str] = []
+    declared: list[str] = []
+    scoped: list[str] = []
+    in_block = False
+    for line in lines:
+        if in_block:
+            if line == "}\n":
+                in_block = False
+            else:
+                declared.append(line)
+        elif line == 'extern "C" {\n':
+            in_block = True
+        elif line.startswith(FILE_SCOPE_LINES):
+            scoped.append(line)
+        else:
+            body.append(line)
+    return "".join(body), declared, scoped
+
+
+FILE_SCOPE_LINES = ("#include", "#pragma omp declare reduction")  # each the same wherever it appears
 
 
 # Owned by this module: each shared object is loaded once per process; `_verified` holds

@@ -438,6 +438,14 @@ pm_division = PatternMatcher(
 pm_symbolic = pm_constant_folding + pm_identities + pm_comparisons + pm_division
 
 
+# Identical layers ask to simplify the very same (interned) index expressions again and again:
+# lowering per view read, the scheduler per fused read, codegen per in-place candidate. The
+# result is a pure function of the UOp (its ranges carry their bounds), so it is computed once;
+# the memo is bounded, keyed by identity (UOps are interned), and lru_cache is thread-safe.
+SIMPLIFY_MEMO_SIZE = 1 << 15
+
+
+@functools.lru_cache(maxsize=SIMPLIFY_MEMO_SIZE)
 def simplify(u: UOp) -> UOp:
     """`u` with its integer expressions simplified by `pm_symbolic`; float arithmetic stays as written."""
     return graph_rewrite(u, pm_symbolic)
