@@ -52,7 +52,8 @@ def test_output_layout_follows_eager_when_dense():
 
 def grads_match_float64_eager(fn, *inputs, rtol: float = 1e-4, atol: float = 1e-5) -> None:
     """One backward of `fn(*inputs).sum()` compiled by ember; the float inputs' gradients are
-    compared with eager's on float64 copies."""
+    compared with eager's on float64 copies, allowing each element also four times eager float32's own
+    distance from float64 there (an extern float32 matmul on the GPU rounds as eager's does)."""
 
     def run(f, dtype):
         xs = [x.detach().to(dtype).requires_grad_() if x.is_floating_point() else x for x in inputs]
@@ -62,9 +63,12 @@ def grads_match_float64_eager(fn, *inputs, rtol: float = 1e-4, atol: float = 1e-
 
     out, grads = run(compile_fn(fn), torch.float32)
     want_out, want_grads = run(fn, torch.float64)
-    torch.testing.assert_close(out.double(), want_out.detach(), rtol=rtol, atol=atol)
-    for got, want in zip(grads, want_grads):
-        torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol)
+    eager_out, eager_grads = run(fn, torch.float32)
+    for got, want, eager in zip([out, *grads], [want_out, *want_grads], [eager_out, *eager_grads]):
+        got, want, eager = got.detach().double().cpu(), want.detach().cpu(), eager.detach().double().cpu()
+        allowed = atol + rtol * want.abs() + 4 * (eager - want).abs()
+        excess = (got - want).abs() - allowed
+        assert not (excess > 0).any(), f"{int((excess > 0).sum())} elements off; worst by {excess.max():.3g}"
     assert ember.metrics.graphs_failed == 0
 
 

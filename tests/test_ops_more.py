@@ -252,6 +252,10 @@ def test_view_copies():
     assert_matches_eager(lambda t: torch.unbind_copy(t, 1), x)
 
 
+@pytest.mark.skipif(
+    torch.torch_version.TorchVersion(torch.__version__) < "2.13",
+    reason="torch 2.11's dynamo runs view_copy's meta kernel, which raises for these strides, before any backend",
+)
 def test_view_copy_of_strides_no_view_expresses():
     # eager copies where a view cannot (torch's decomposition is a view, which raised)
     x = torch.randn(5, 5, 5)

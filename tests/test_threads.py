@@ -89,6 +89,11 @@ def test_errors_stay_with_their_calls_under_stress():
     assert not wrong, f"{len(wrong)} wrong outcomes, e.g. {wrong[:3]}"
 
 
+@pytest.mark.skipif(
+    torch.torch_version.TorchVersion(torch.__version__) < "2.13",
+    reason="before torch 2.13 dynamo's compiling flag is off between its compiles, so torch raises its "
+    "nested-FX-trace error in the other thread, before ember runs (README: Threads)",
+)
 def test_a_call_while_another_thread_traces_a_graph_runs_compiled(monkeypatch):
     """AOTAutograd's trace sets torch.fx's process-wide tracing flag, under which dynamo refuses
     to run a compiled function ("FX to symbolically trace a dynamo-optimized function"); since
