@@ -133,7 +133,8 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         steps = scheduled.steps
     metrics.tally("schedule_work", vars(scheduled.work))
     origins = step_origins(gm, graph.holds, steps)
-    debug.write("fusion.txt", describe_fusion(scheduled, origins))
+    fusion_report = describe_fusion(scheduled, origins)  # fusion.txt, and the explanation below
+    debug.write("fusion.txt", fusion_report)
     if record is not None:
         debug.captured = {}  # the kernels' sources, for the report
     generated = backend.generate(graph, steps, config, debug, timings)
@@ -163,7 +164,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
     if record is not None:
         record.planned_peak_bytes, record.fallback_ops = wrapper.peak_bytes, list(lowering.fallback_ops)
     explanation = (
-        f"=== graph with inputs {[b.name for b in graph.inputs]}\n{describe_fusion(scheduled, origins)}"
+        f"=== graph with inputs {[b.name for b in graph.inputs]}\n{fusion_report}"
         f"planned peak memory of intermediates: {wrapper.peak_bytes} bytes\n\n"
     )
     summary = graph_cache.GraphSummary(

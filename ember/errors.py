@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -54,6 +55,7 @@ def warn_at_user_code(message: str, category: type[Warning] = UserWarning) -> No
     warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno, module, registry)
 
 
+@functools.cache
 def _library_folders() -> tuple[str, ...]:
     import torch  # the caller has it loaded already: only warnings during compiles come here
 

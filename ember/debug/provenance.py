@@ -7,6 +7,7 @@ written buffers hold and every ancestor reached without crossing another step's 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ import torch.fx
 
 from ember.ir import Layout
 from ember.schedule import KernelStep, Step
+
+TORCH_FOLDER = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
 def step_of_nodes(steps: list[Step], holds: dict[str, tuple[torch.fx.Node, Layout]]) -> dict[torch.fx.Node, int]:
@@ -123,12 +126,17 @@ def _op_name(target: object) -> str:
 def _user_line(node: torch.fx.Node) -> str:
     """`file:line: code` of the innermost frame of the node's stack trace; '' without one."""
     trace = node.meta.get("stack_trace")
-    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace) if trace else []
+    return _innermost_user_frame(trace) if trace else ""
+
+
+# every node of one source line carries the same trace: each distinct trace is parsed once
+@functools.lru_cache(maxsize=4096)
+def _innermost_user_frame(trace: str) -> str:
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
     if not frames:
         return ""
     # the innermost frame outside torch: `F.linear` inside nn.Linear is not the user's line
-    torch_folder = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-    users = [f for f in frames if not os.path.abspath(f[0]).startswith(torch_folder)]
+    users = [f for f in frames if not os.path.abspath(f[0]).startswith(TORCH_FOLDER)]
     path, line, _, code = (users or frames)[-1]
     return f"{path}:{line}: {code.strip()}"
 
