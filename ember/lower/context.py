@@ -132,7 +132,7 @@ class LoweringContext:
         read, eager = as_strided_read(a), dense_layout(meta, a.shape)
         if read is not None and eager is not None and not same_strides(read[1], eager):
             return self.realize(a, origin, eager, fresh=True)
-        return self.realize(a, origin)
+        return with_eager_unit_strides(self.realize(a, origin), meta)
 
     def _extern_output(self, meta: torch.Tensor) -> Buffer:
         """The buffer for an aten result, in the strides its fake tensor gives, unless those
@@ -145,3 +145,15 @@ class LoweringContext:
         repeats = any(st == 0 and size > 1 for size, st in zip(shape, stride))
         layout = Layout.contiguous(shape) if repeats else Layout(shape, stride, 0)
         return self.add_buffer(Buffer(self.new_name(), dtype, layout, "extern"))
+
+
+def with_eager_unit_strides(ref: BufferRef, meta: Any) -> BufferRef:
+    """`ref` with eager's strides along its size-1 dims. Such a stride never moves an address, so
+    ember's views leave it 0, but some kernels check it: cuDNN's attention backward wants stride 1
+    for the last dim of its (batch, heads, rows, 1) statistics."""
+    if not isinstance(meta, torch.Tensor) or tuple(meta.shape) != ref.layout.size:
+        return ref
+    stride = tuple(m if n == 1 else s for n, s, m in zip(ref.layout.size, ref.layout.stride, meta.stride()))
+    if stride == ref.layout.stride:
+        return ref
+    return BufferRef(ref.name, Layout(ref.layout.size, stride, ref.layout.offset), ref.dtype)
