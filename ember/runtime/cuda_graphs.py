@@ -232,7 +232,9 @@ def _describe_outputs(outputs, inputs: list) -> tuple[list[torch.UntypedStorage]
             described.append(_Output("value", value=out))
             continue
         storage = out.untyped_storage()
-        layout: dict[str, Any] = dict(size=tuple(out.shape), stride=tuple(out.stride()), offset=out.storage_offset(), dtype=out.dtype)
+        layout: dict[str, Any] = dict(
+            size=tuple(out.shape), stride=tuple(out.stride()), offset=out.storage_offset(), dtype=out.dtype
+        )
         if storage.data_ptr() in input_storages:
             index = input_storages[storage.data_ptr()]
             layout["offset"] -= inputs[index].storage_offset()
