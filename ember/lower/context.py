@@ -148,12 +148,17 @@ class LoweringContext:
 
 
 def with_eager_unit_strides(ref: BufferRef, meta: Any) -> BufferRef:
-    """`ref` with eager's strides along its size-1 dims. Such a stride never moves an address, so
+    """`ref` with torch's strides along its size-1 dims: eager's where it has one, else what a
+    contiguous tensor has there (1 for the last dim). Such a stride never moves an address, so
     ember's views leave it 0, but some kernels check it: cuDNN's attention backward wants stride 1
     for the last dim of its (batch, heads, rows, 1) statistics."""
-    if not isinstance(meta, torch.Tensor) or tuple(meta.shape) != ref.layout.size:
+    size, old = ref.layout.size, ref.layout.stride
+    eager = tuple(meta.stride()) if isinstance(meta, torch.Tensor) and tuple(meta.shape) == size else (0,) * len(size)
+    stride = list(old)
+    for i in reversed(range(len(size))):
+        if size[i] == 1:
+            inner = stride[i + 1] * max(size[i + 1], 1) if i + 1 < len(size) else 1
+            stride[i] = eager[i] or inner or 1
+    if tuple(stride) == old:
         return ref
-    stride = tuple(m if n == 1 else s for n, s, m in zip(ref.layout.size, ref.layout.stride, meta.stride()))
-    if stride == ref.layout.stride:
-        return ref
-    return BufferRef(ref.name, Layout(ref.layout.size, stride, ref.layout.offset), ref.dtype)
+    return BufferRef(ref.name, Layout(size, tuple(stride), ref.layout.offset), ref.dtype)
