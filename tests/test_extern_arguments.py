@@ -42,3 +42,18 @@ def test_size_one_dims_of_inputs_keep_eager_strides():
     f = compile_fn(lambda x: strict_unit_stride(x.unsqueeze(-1)[1:]))
     x = torch.randn(6, 4)
     torch.testing.assert_close(f(x), x.unsqueeze(-1)[1:] * 2)
+
+
+def test_outputs_keep_eager_strides_on_size_one_dims():
+    """A forward's saved tensor reaches the backward's externs as the forward returned it."""
+
+    def f(x):
+        z = x * 2
+        return z, z.unsqueeze(-1), z.unsqueeze(0)[:, 1:], strict_unit_stride(x.unsqueeze(-1))
+
+    compiled = compile_fn(f)
+    for shape in ((5,), (3, 7)):
+        x = torch.randn(shape)
+        for got, want in zip(compiled(x), f(x)):
+            torch.testing.assert_close(got, want)
+            assert got.stride() == want.stride(), (got.stride(), want.stride())
