@@ -23,6 +23,17 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+@torch.library.custom_op("ember_test::attention_like", mutates_args=())
+def attention_like(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two results, the second (batch, heads, rows, 1) as cuDNN attention's statistics."""
+    return x * 2, x.sum(-1, keepdim=True)
+
+
+@attention_like.register_fake
+def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x), x.new_empty((*x.shape[:-1], 1))
+
+
 def test_size_one_dims_keep_eager_strides():
     def f(x, y):
         z = x + y  # an output, so a buffer of its own shape that the unsqueeze views
@@ -57,3 +68,18 @@ def test_outputs_keep_eager_strides_on_size_one_dims():
         for got, want in zip(compiled(x), f(x)):
             torch.testing.assert_close(got, want)
             assert got.stride() == want.stride(), (got.stride(), want.stride())
+
+
+def test_a_second_aten_result_returned_keeps_eager_strides():
+    """The case of cuDNN attention's statistics, saved for the backward (fails on 77968f1:
+    strides (32, 8, 1, 0))."""
+
+    def f(x):
+        out, stats = attention_like(x)
+        return out + 1, stats
+
+    compiled = compile_fn(f)
+    x = torch.randn(2, 4, 8, 16)
+    for got, want in zip(compiled(x), f(x)):
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride(), (got.stride(), want.stride())
