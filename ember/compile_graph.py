@@ -143,8 +143,8 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         record.aten_graph, record.timings, record.device = gm.print_readable(print_output=False), timings, str(device)
         labels = record.record_steps(graph, scheduled, origins, generated.binaries, labels, debug.captured)
     with stage("wrapper", timings):
-        host_inputs = frozenset(b.name for b, x in zip(graph.inputs, example_inputs)
-                                if isinstance(x, torch.Tensor) and x.device != device)  # fmt: skip
+        tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]  # (graph.inputs: the tensor ones)
+        host_inputs = frozenset(b.name for b, x in zip(graph.inputs, tensors) if x.device != device)
         wrapper = generate_wrapper(
             graph,
             steps,
@@ -171,7 +171,8 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         kernels=generated.kernels, fusions=scheduled.fusions, refusals=len(scheduled.refusals),
         extern_calls=sum(1 for s in steps if not isinstance(s, KernelStep)),
         reduce_loops=generated.reduce_loops, fallback_ops=list(lowering.fallback_ops), explanation=explanation,
-        tiled_kernels=generated.tiled_kernels,
+        tiled_kernels=generated.tiled_kernels, collectives=len(scheduled.overlaps),
+        overlapped_kernels=sum(o.kernels for o in scheduled.overlaps),
     )  # fmt: skip
     call = record.in_profiler_range(call) if record is not None else call
     return _finish(call, path, summary), wrapper.source, wrapper.objects, summary
@@ -220,6 +221,8 @@ def _record(summary, timings: dict[str, float]) -> None:
         extern_calls=summary.extern_calls,
         reduce_loops=summary.reduce_loops,
         fallback_calls=len(summary.fallback_ops),
+        collective_calls=summary.collectives,
+        collective_overlap_kernels=summary.overlapped_kernels,
     )
     metrics.tally("compile_seconds", timings)
     metrics.tally("fallback_ops", Counter(summary.fallback_ops))
