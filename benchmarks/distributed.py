@@ -88,16 +88,18 @@ def shard(model: nn.Module, how: str, mesh) -> nn.Module:
 
 
 class GatherShards(nn.Module):
-    """A parametrization: the full parameter, all-gathered from its dim-0 shards."""
+    """A parametrization: the full parameter, all-gathered from its dim-0 shards; its gradient,
+    different on each rank (each its own batch), is summed and scattered back to the shards
+    (`grad_placements=[Partial()]`: a reduce-scatter in the backward, as SimpleFSDP's)."""
 
     def __init__(self, mesh):
         super().__init__()
         self.mesh = mesh
 
     def forward(self, sharded):
-        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor import Partial, Replicate
 
-        return sharded.redistribute(self.mesh, [Replicate()]).to_local()
+        return sharded.redistribute(self.mesh, [Replicate()]).to_local(grad_placements=[Partial()])
 
 
 def simple_fsdp(model: nn.Module, mesh) -> nn.Module:
@@ -131,7 +133,10 @@ def synchronize(device: torch.device) -> None:
 
 def run_backend(backend: str, args: argparse.Namespace, device: torch.device, mesh, data: list) -> dict:
     """Train with one backend: each step's loss and seconds (this rank's)."""
+    import ember
+
     torch._dynamo.reset()
+    ember.metrics.reset()
     model = shard(build_model(args, device), args.fsdp, mesh)
     step_fn = LossOf(model)
     if backend != "eager":
@@ -151,7 +156,9 @@ def run_backend(backend: str, args: argparse.Namespace, device: torch.device, me
     del model, optimizer, step_fn
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"losses": losses, "seconds": seconds}
+    m = ember.metrics
+    counts = {"collectives": m.collective_calls, "overlapped_kernels": m.collective_overlap_kernels}
+    return {"losses": losses, "seconds": seconds, "ember": counts if backend == "ember" else None}
 
 
 def rank_main(rank: int, args: argparse.Namespace, folder: str) -> None:
@@ -192,14 +199,16 @@ def report(args: argparse.Namespace, per_rank: list[dict]) -> None:
         if eager is not None:
             error = max(abs(a - b) for r, mine in zip(per_rank, losses) for a, b in zip(mine, r["eager"]["losses"]))
         rows.append({"backend": backend, "median_step_ms": 1e3 * statistics.median(timed), "first_step_s": steps[0],
-                     "losses_rank0": losses[0], "max_loss_diff_vs_eager": error})  # fmt: skip
+                     "losses_rank0": losses[0], "max_loss_diff_vs_eager": error,
+                     "ember_graphs": per_rank[0][backend]["ember"]})  # fmt: skip
     print(f"FSDP ({args.fsdp}) LLaMA step, {args.nproc} x {args.device}, {args.layers} layers, hidden {args.hidden}, "
           f"batch {args.batch} x {args.seq} per rank, {args.dtype}")  # fmt: skip
     for row in rows:
         diff = row["max_loss_diff_vs_eager"]
         print(f"  {row['backend']:9s} median step {row['median_step_ms']:9.2f} ms"
               f"   first step {row['first_step_s']:7.2f} s"
-              f"   max |loss - eager's| {'-' if diff is None else f'{diff:.2e}'}")  # fmt: skip
+              f"   max |loss - eager's| {'-' if diff is None else f'{diff:.2e}'}"
+              + (f"   in ember's graphs: {row['ember_graphs']}" if row["ember_graphs"] else ""))  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": rows}, indent=1))
 

@@ -129,7 +129,7 @@ def ddp_scenario(rank: int, world_size: int, device: torch.device) -> dict:
 
     def make_model():
         torch.manual_seed(0)
-        return DDP(Blocks().to(device), bucket_cap_mb=2048 / 2**20, device_ids=[device.index] if device.index else None)
+        return DDP(Blocks().to(device), bucket_cap_mb=2048 / 2**20, device_ids=[device] if device.type == "cuda" else None)
 
     return eager_and_ember(make_model, batches(device, seed=rank, shape=(4, 16)))
 
@@ -177,16 +177,14 @@ def tensor_parallel_scenario(rank: int, world_size: int, device: torch.device, k
 
 def functional_collectives_scenario(rank: int, world_size: int, device: torch.device) -> dict:
     """all_reduce, all_gather and reduce_scatter called directly, with work that needs none of them."""
-    import torch.distributed._functional_collectives as funcol
-
-    group = torch.distributed.group.WORLD
+    c10d, group = torch.ops._c10d_functional, torch.distributed.group.WORLD.group_name
 
     def step(x, w):
-        summed = funcol.all_reduce(torch.tanh(x) * 2, "sum", group)
-        gathered = funcol.all_gather_tensor(x + 1, 0, group)
+        summed = c10d.wait_tensor(c10d.all_reduce(torch.tanh(x) * 2, "sum", group))
+        gathered = c10d.all_gather_into_tensor(x + 1, world_size, group)
         local = torch.sigmoid(x @ w) * x  # needs no collective: runs while they are in flight
-        scattered = funcol.reduce_scatter_tensor(summed * w.sum(), "sum", 0, group)
-        return scattered.sum() + gathered.mean() + local.sum(), summed
+        scattered = c10d.reduce_scatter_tensor(summed * w.sum(), "sum", world_size, group)
+        return c10d.wait_tensor(scattered).sum() + c10d.wait_tensor(gathered).mean() + local.sum(), summed
 
     torch.manual_seed(rank)
     x, w = torch.randn(8, 8, device=device), torch.randn(8, 8, device=device)
@@ -206,7 +204,7 @@ def simple_fsdp_scenario(rank: int, world_size: int, device: torch.device) -> di
     gathered inside the module's forward (as torchtitan's SimpleFSDP does), so the forward graph
     holds the all-gathers and the backward graph the reduce-scatters of the gradients."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
     mesh = init_device_mesh(device.type, (world_size,))
 
@@ -217,7 +215,9 @@ def simple_fsdp_scenario(rank: int, world_size: int, device: torch.device) -> di
             self.bias = nn.Parameter(distribute_tensor(linear.bias.detach(), mesh, [Shard(0)]))
 
         def forward(self, x):
-            weight, bias = (p.redistribute(mesh, [Replicate()]).to_local() for p in (self.weight, self.bias))
+            # each rank's gradient differs (its own batch): summed and scattered back (Partial)
+            weight, bias = (p.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
+                            for p in (self.weight, self.bias))  # fmt: skip
             return F.linear(x, weight, bias)
 
     def make_model():
@@ -252,9 +252,19 @@ def check_ranks(results: list[dict], collectives: bool = False) -> None:
             torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL, msg=f"rank {rank} step {step} gradients")
 
 
+def loss_table(results: list[dict]) -> str:
+    """Each rank's loss per step, eager and ember (shown with `pytest -s`, and on a failure)."""
+    lines = ["rank step        eager        ember    |diff|"]
+    for rank, result in enumerate(results):
+        for step, (e, g) in enumerate(zip(result["eager"]["losses"], result["ember"]["losses"])):
+            lines.append(f"{rank:4d} {step:4d} {e:12.8f} {g:12.8f} {abs(e - g):9.2e}")
+    return "\n".join(lines)
+
+
 def run_and_check(scenario, tmp_path, collectives: bool = False) -> list[dict]:
     cache = tmp_path / "cache"
     results = run_ranks(scenario, tmp_path, cache)
+    print(loss_table(results))
     check_ranks(results, collectives)
     assert_cache_intact(cache)
     return results
