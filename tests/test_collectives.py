@@ -106,3 +106,17 @@ def test_waits_stay_before_their_readers_and_collectives_keep_their_order():
     assert all(o.wait is not None and o.start < o.wait for o in overlaps)
     second_input = max(i for i in range(starts[1]) if "kernel" == names[i])  # b + 1
     assert overlaps[0].wait < second_input < starts[1]
+
+
+def test_verify_checks_a_collective_by_its_wait():
+    """EMBER_VERIFY compares buffers after the step that writes them: a collective's result is
+    still in flight there, so only its wait's result is compared."""
+    from ember.ir import Communication
+    from ember.wrapper.python import verified_buffers
+
+    shapes = [(4, 8), (8, 8)]
+    graph, scheduled, _ = compiled_stages(traced(gather_beside_independent_work, *shapes), shapes)
+    started = {b.name for s in scheduled.steps if getattr(s, "communication", None) is Communication.START
+               for b in s.outputs}  # fmt: skip
+    checked = {name for names in verified_buffers(graph, scheduled.steps, {}).values() for name in names}
+    assert started and not started & checked, (started, checked)

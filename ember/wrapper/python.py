@@ -161,6 +161,8 @@ def verified_buffers(graph: LoweredGraph, steps: list[Step], kernels: dict[int, 
     for i, step in enumerate(steps):
         if isinstance(step, KernelStep):
             written = step.writes if i in kernels else []
+        elif step.communication is Communication.START:  # in flight until its wait: its result is the wait's
+            written = []
         else:
             written = [b.name for b in step.outputs]
         for name in written:
