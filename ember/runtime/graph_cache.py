@@ -32,6 +32,7 @@ class GraphSummary:
     tiled_kernels: int = 0  # C++ kernels with 2-D tiles (codegen/tiling.py)
     collectives: int = 0  # collectives issued (Note: collectives in the graph, schedule/collectives.py)
     overlapped_kernels: int = 0  # ember kernels run between a collective and its wait, summed over collectives
+    mutated_inputs: list[int] = field(default_factory=list)  # inputs the graph writes into (runtime/cuda_graphs.py)
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], config_key: str, identity: str) -> str:
