@@ -6,6 +6,13 @@ same initial weights and data, and hand back every step's loss and gradients; th
 them per rank. Both ranks compile into one fresh cache folder at the same time, and afterwards
 every entry in it must pass the cache's own checks (harness `assert_cache_intact`).
 
+Where the collectives are: DDP (dynamo's DDPOptimizer splits the graph at the gradient buckets)
+and FSDP2's `fully_shard` run them in hooks between ember's graphs; tensor parallelism, FSDP with
+DTensor parameters gathered in the forward (test_fsdp_collectives_in_the_graph) and functional
+collectives called directly put them in the graphs, where ember schedules them (Note: collectives
+in the graph, ember/schedule/collectives.py) and the tests also require `ember.metrics` to count
+them. FSDP2 with its hooks traced (`skip_fsdp_hooks = False`) runs only on a torch that still has it.
+
 Tolerance: float32 throughout. ember's kernels fuse and may sum in another order than eager's
 (a different rounding of each of the at most 64-term sums here, about 64 * 2^-24 ~ 4e-6 relative
 in the worst case); the collectives themselves are the same calls on both sides. Over three SGD
