@@ -55,15 +55,12 @@ class Schedule:
     overlaps: list[Overlap] = field(default_factory=list)  # per collective (Note: collectives in the graph)
 
 
-def schedule(graph: LoweredGraph, fusion: bool = True, nested_reductions: bool = True) -> Schedule:
-    """`nested_reductions`: whether a kernel may hold a reduction inside another's loop
-    (`Capabilities.nested_reductions`)."""
+def schedule(graph: LoweredGraph, fusion: bool = True, blocks: bool = False) -> Schedule:
+    """`blocks`: the kernels run as blocks of GPU programs (Note: fusions that starve the GPU)."""
     nodes = eliminate_dead(build_nodes(graph), graph)
     outputs = {o.ref.name for o in graph.outputs if o.ref is not None}
     nbytes = {c.name: c.buffer.layout.storage_size * c.buffer.dtype.itemsize for c in _computed(nodes)}
-    state = FusionState(
-        [Group([n]) for n in nodes], outputs, nbytes, nested_reductions
-    )  # the program order is topological
+    state = FusionState([Group([n]) for n in nodes], outputs, nbytes, blocks)  # the program order is topological
     if fusion:
         state = fuse(state)
     steps: list[Step] = []
