@@ -32,6 +32,10 @@ class Metrics:
     extern_calls: int = 0  # all aten calls in wrappers (fallbacks included)
     fallback_calls: int = 0  # aten calls for ops ember has no lowering for
     fallback_ops: Counter = field(default_factory=Counter)
+    # functional collectives in compiled graphs, and the ember kernels scheduled between each and its
+    # wait, summed (Note: collectives in the graph, schedule/collectives.py)
+    collective_calls: int = 0
+    collective_overlap_kernels: int = 0
     graph_cache_hits: int = 0  # graphs loaded whole from the cache (no lowering, no gcc)
     code_cache_hits: int = 0
     code_cache_misses: int = 0

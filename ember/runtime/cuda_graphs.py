@@ -162,13 +162,14 @@ class CudaGraphRunner:
             capture_state.probe = None
         self._warmed_up = True
         if host:
-            self._refuse(f"input {host[0][0]} is on {host[0][1]} (a CUDA graph reads device memory only)")
+            self.refuse(f"input {host[0][0]} is on {host[0][1]} (a CUDA graph reads device memory only)")
         elif probe.random:
-            self._refuse("it draws random numbers (dropout, rand): ember's Triton kernels take their seed by value, "
+            self.refuse("it draws random numbers (dropout, rand): ember's Triton kernels take their seed by value, "
                          "so a replay would repeat the same numbers")  # fmt: skip
         return outputs
 
-    def _refuse(self, reason: str) -> None:
+    def refuse(self, reason: str) -> None:
+        """Run this graph without CUDA graphs from now on, saying why once."""
         self.refused = reason
         metrics.add(cuda_graph_refusals=1)
         log.warning("ember: %s graph runs without CUDA graphs: %s", self.name, reason)
@@ -220,7 +221,7 @@ class CudaGraphRunner:
             with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(), capture_error_mode="thread_local"):
                 outputs = self.call(list(inputs))
         except Exception as e:  # a graph that cannot be recorded runs as it is
-            self._refuse(f"recording failed: {type(e).__name__}: {e}")
+            self.refuse(f"recording failed: {type(e).__name__}: {e}")
             return None
         finally:
             capture_state.recorder = None
