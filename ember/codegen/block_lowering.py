@@ -184,10 +184,10 @@ class _BlockLowering:
         return max(phases, key=lambda p: p.depth, default=None)
 
     def load_mask(self, position: UOp) -> UOp | None:
-        """x's mask if the position varies with x, and the mask of each phase it varies with."""
+        """x's mask if the position varies with x, and the mask of each phase it varies with,
+        outermost first (as `lanes` orders them, so a load and a store of one phase share one mask)."""
         outer = set(self.shape.outer)
-        phases = sorted({self.range_phase[r] for r in position.ranges if r in self.range_phase},
-                        key=lambda p: -p.depth)  # fmt: skip
+        phases = sorted({self.range_phase[r] for r in position.ranges if r in self.range_phase}, key=lambda p: p.depth)
         masks = ([self.xmask] if position.ranges & outer else []) + [p.mask for p in phases if p.mask is not None]
         return _and(masks)
 

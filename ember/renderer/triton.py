@@ -72,21 +72,32 @@ UNARY_CALLS = {
 LOW_PRECISION = (dtypes.float16, dtypes.bfloat16)
 
 
+# tl.full builds every zero as +0.0 (a null value), so a -0.0 is filled in by its bits
+NEGATIVE_ZERO_BITS = {2: ("tl.int16", -(2**15)), 4: ("tl.int32", -(2**31)), 8: ("tl.int64", -(2**63))}
+
+
+def _negative_zero(value, dtype: DType) -> bool:
+    return dtype.is_float and value == 0 and math.copysign(1.0, value) < 0
+
+
 def render_full(shape: str, value, dtype: DType) -> str:
     """A block of `shape` filled with the constant (Note: low-precision floats in Triton)."""
     if dtype is dtypes.bfloat16:
         return f"tl.full({shape}, {bits_of(dtype, value)}, tl.uint16).to(tl.bfloat16, bitcast=True)"
+    if _negative_zero(value, dtype):
+        int_type, bits = NEGATIVE_ZERO_BITS[dtype.itemsize]
+        return f"tl.full({shape}, {bits}, {int_type}).to({tl_type(dtype)}, bitcast=True)"
     return f"tl.full({shape}, {render_const(value, dtypes.float32 if dtype.is_float else dtype)}, {tl_type(dtype)})"
 
 
 def render_const(value, dtype: DType) -> str:
-    if dtype in LOW_PRECISION:
+    if dtype in LOW_PRECISION or _negative_zero(value, dtype):
         return render_full("[]", value, dtype)
     if dtype.is_bool:
         return "True" if value else "False"
     if dtype.is_float:
         text = repr(float(value)) if math.isfinite(value) else f'float("{value}")'
-        return text if dtype is dtypes.float32 else f"tl.full([], {text}, {tl_type(dtype)})"
+        return text if dtype is dtypes.float32 else render_full("[]", value, dtype)
     if dtype is dtypes.index or dtype is dtypes.int32:
         return str(value) if -(2**31) <= value < 2**31 or dtype is dtypes.index else f"tl.full([], {value}, tl.int32)"
     return f"tl.full([], {value}, {tl_type(dtype)})"
@@ -298,9 +309,8 @@ class _Body:
 
     # -- accumulators --
     def define_acc(self, u: UOp) -> None:
-        name, arg = f"acc{u.arg.id}", u.arg
-        identity = render_const(arg.identity, u.dtype)
-        self.line(f"{name} = tl.full({arg.block.shape}, {identity}, {tl_type(u.dtype)})")
+        name = f"acc{u.arg.id}"
+        self.line(f"{name} = {render_full(u.arg.block.shape, u.arg.identity, u.dtype)}")
         self.names[u] = name
 
     def acc_update(self, u: UOp) -> None:
