@@ -133,7 +133,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         backend.prepare(graph, lowering, config)
     debug.write("ir.txt", describe_ir(graph))
     with stage("schedule", timings):
-        scheduled = schedule(graph, fusion=config.fusion)
+        scheduled = schedule(graph, fusion=config.fusion, blocks=backend.capabilities.blocks is not None)
         steps = scheduled.steps
     metrics.tally("schedule_work", vars(scheduled.work))
     origins = step_origins(gm, graph.holds, steps)
