@@ -361,7 +361,7 @@ class _Renderer:
 
     def load_text(self, index: UOp, phase: Phase | None) -> str:
         buffer, position = index.src
-        if buffer.arg.name in self.scalars:  # a one-element buffer passed by value (the seed)
+        if buffer.arg.name in self.scalars:  # a one-element buffer passed by value (the seed, an offset)
             return buffer.arg.name
         mask = self.mask(position, phase)
         pointer = f"{buffer.arg.name} + {self.value(position, phase)}"
@@ -420,15 +420,18 @@ class _Renderer:
         return value
 
     def philox(self, u: UOp, phase: Phase | None) -> str:
-        """Word `u.arg` of tl.randint4x(seed, counter): the C++ renderer's ember_philox, bit for
-        bit (Note: counter-based random numbers, lower/random.py). The four words of one
-        counter come from one call (the call's text is deduplicated)."""
+        """Word `u.arg` of tl.randint4x(seed, offset + position): the C++ renderer's ember_philox,
+        bit for bit (Note: counter-based random numbers, lower/random.py). The counter is an
+        int64 (the offset, a scalar argument, may be an int32 while the sum is not). The four
+        words of one counter come from one call (the call's text is deduplicated)."""
         scope = phase.scope if phase is not None else self.top
-        seed, counter = u.src
-        offset = self.value(counter, phase)
-        if counter.op is Ops.CONST:  # a 0-d random op: randint4x wants a tensor offset
-            offset = f"tl.full([], {counter.arg}, tl.int64)"
-        words = self.emit(scope, f"tl.randint4x({self.value(seed, phase)}, {offset})")
+        seed, offset, position = u.src
+        if position.op is Ops.CONST:  # a 0-d random op: randint4x wants a tensor offset
+            at = f"tl.full([], {position.arg}, tl.int64)"
+        else:
+            at = f"{self.value(position, phase)}.to(tl.int64)"
+        counter = self.emit(scope, f"{self.value(offset, phase)}.to(tl.int64) + {at}")
+        words = self.emit(scope, f"tl.randint4x({self.value(seed, phase)}, {counter})")
         return self.emit(scope, f"{words}[{u.arg}]")
 
     def reduce(self, red: UOp, parent: Phase | None) -> str:

@@ -15,7 +15,7 @@ from ember.renderer.triton_scan import ScanRenderer
 def render_triton(name: str, sink, plan: BlockPlan, written: frozenset[str], scalars: frozenset[str] = frozenset()
                   ) -> RenderedKernel:  # fmt: skip
     """`sink` is the kernel AST after `codegen/phases.block_rewrite`, `plan` what codegen/blocks.py
-    decided for it. `scalars`: one-element int64 buffers (the random seed) the kernel takes by
+    decided for it. `scalars`: one-element int64 buffers (the random seed and offsets) the kernel takes by
     value rather than as a pointer: no device buffer to fill per call. Typed int64 and never
     specialized, so every value runs one compiled kernel."""
     renderer: type[_Renderer] = ScanRenderer if plan.shape.scans else _Renderer

@@ -101,7 +101,8 @@ class Ops(enum.Enum):
     # ternary
     WHERE = enum.auto()
     # random numbers (Note: counter-based random numbers, lower/random.py)
-    PHILOX = enum.auto()  # src: (seed int64, counter index); arg: word 0..3; the uint32 word of Philox4x32-10
+    PHILOX = enum.auto()  # src: (seed int64, offset int64, position index); arg: word 0..3; the uint32 word of
+    # Philox4x32-10 at counter offset + position
     BITCAST = enum.auto()  # src: (x,); the bits of x read as `dtype` (same itemsize)
     # math functions beyond the basic set (libm's; Note: special functions, lower/math_functions.py)
     ACOSH = enum.auto()

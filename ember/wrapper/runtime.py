@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import ctypes
+import functools
 import threading
 
 import torch
@@ -43,6 +44,7 @@ def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
 
 __all__ = [
     "GpuErrorFlags", "KernelErrorFlag", "load_triton_kernel", "constant_on", "random_seed", "random_seed_value",
+    "random_offset",
     "as_strided", "assert_layout", "empty_large", "empty_strided", "ensure_layout", "load_kernel", "search_cpu_kernel",
     "tree_leaves", "profiler_active", "profiled_call", "record_function",
 ]  # fmt: skip
@@ -58,6 +60,15 @@ def random_seed_value() -> int:
     """`random_seed()` as an int, for Triton kernels (which take it by value): the same draw
     from the same (CPU) generator, so a CPU and a CUDA graph see the same seed."""
     return int(torch.randint(SEED_BOUND, (1,), dtype=torch.int64).item())
+
+
+@functools.cache
+def random_offset(value: int) -> torch.Tensor:
+    """A random op's first Philox counter as the one-element tensor C++ kernels read (Note:
+    counter-based random numbers, lower/random.py): made at the first call that needs it (a
+    wrapper module runs while torch may still trace with fake tensors), then shared; kernels
+    never write it. functools.cache is safe under threads."""
+    return torch.tensor([value], dtype=torch.int64)
 
 
 # Seeds are non-negative int64s (Philox takes 64 key bits; Triton reads a seed as uint64).
