@@ -105,7 +105,10 @@ MAX_PAIRS_PER_USER = 64
 
 
 def candidate_pairs(state: FusionState) -> list[tuple[Group, Group]]:
-    """Pairs of groups sharing a buffer, best first: most bytes shared, then closest in program order."""
+    """Pairs of groups sharing a buffer, best first: most bytes shared, then closest in program
+    order. A pair where one group depends on the other through a third node is left out: it
+    would close a cycle (`why_no_fuse` refuses it), and a buffer every layer reads (the random
+    seed, an attention mask) would otherwise pair each layer with each later one."""
     users: dict[str, list[Group]] = {}
     for g in state.groups:
         if g.runs_alone:  # externs, stores at computed positions, scans
@@ -113,13 +116,19 @@ def candidate_pairs(state: FusionState) -> list[tuple[Group, Group]]:
         for b in g.reads | g.writes:
             users.setdefault(b, []).append(g)
     scores: dict[tuple[Group, Group], int] = {}
+    cyclic: set[tuple[Group, Group]] = set()
     for buffer, groups in users.items():
         nbytes = state.nbytes.get(buffer, 0)
         for i, a in enumerate(groups):
             for b in groups[i + 1 : i + 1 + MAX_PAIRS_PER_USER]:
                 pair = (a, b) if a.position <= b.position else (b, a)
+                if pair in cyclic:
+                    continue
+                if pair not in scores and state.order.path_between(*pair):
+                    cyclic.add(pair)
+                    continue
                 scores[pair] = scores.get(pair, 0) + nbytes
-    state.work.candidate_pairs += len(scores)
+    state.work.candidate_pairs += len(scores) + len(cyclic)
     return sorted(scores, key=lambda p: (-scores[p], abs(p[1].position - p[0].position), p[0].position))
 
 
