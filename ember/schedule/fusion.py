@@ -106,11 +106,10 @@ MAX_PAIRS_PER_USER = 64
 
 def candidate_pairs(state: FusionState) -> list[tuple[Group, Group]]:
     """Pairs of groups sharing a buffer, best first: most bytes shared, then closest in program
-    order. A pair where one group depends on the other through a third node is left out: it
-    would close a cycle, and a buffer every layer reads (the random seed, an attention mask)
-    would otherwise pair each layer with each later one. Each group's first such pair per
-    buffer is a refusal (for `ember explain`); the rest, a number that grows with the square of
-    the depth, are dropped unsaid."""
+    order. A pair where one group depends on the other through a third node would close a
+    cycle: only a group's nearest such partner per buffer stays a candidate (`why_no_fuse`
+    refuses it, and `ember explain` says why); the others are left out, or a buffer every layer
+    reads (the random seed, an attention mask) would pair each layer with each later one."""
     users: dict[str, list[Group]] = {}
     for g in state.groups:
         if g.runs_alone:  # externs, stores at computed positions, scans
@@ -125,23 +124,16 @@ def candidate_pairs(state: FusionState) -> list[tuple[Group, Group]]:
             said = False
             for b in groups[i + 1 : i + 1 + MAX_PAIRS_PER_USER]:
                 pair = (a, b) if a.position <= b.position else (b, a)
-                if pair in cyclic or (pair not in scores and _closes_a_cycle(state, pair, say=not said)):
-                    said = True
-                    cyclic.add(pair)
+                if pair in cyclic:
                     continue
+                if pair not in scores and state.order.node_path_between(*pair) is not None:
+                    if said:
+                        cyclic.add(pair)
+                        continue
+                    said = True
                 scores[pair] = scores.get(pair, 0) + nbytes
     state.work.candidate_pairs += len(scores) + len(cyclic)
     return sorted(scores, key=lambda p: (-scores[p], abs(p[1].position - p[0].position), p[0].position))
-
-
-def _closes_a_cycle(state: FusionState, pair: tuple[Group, Group], say: bool) -> bool:
-    """Whether a path of nodes outside the pair joins them; `say`: record it as a refusal."""
-    if (through := state.order.node_path_between(*pair)) is None:
-        return False
-    if say:
-        reason = f"fusion would create a cycle through {'+'.join(through.names)}"
-        state.refusals.append(WhyNoFuse(tuple(pair[0].names), tuple(pair[1].names), reason))
-    return True
 
 
 @dataclass
