@@ -52,11 +52,12 @@ class Schedule:
     work: ScheduleWork = field(default_factory=ScheduleWork)
 
 
-def schedule(graph: LoweredGraph, fusion: bool = True) -> Schedule:
+def schedule(graph: LoweredGraph, fusion: bool = True, blocks: bool = False) -> Schedule:
+    """`blocks`: the kernels run as blocks of GPU programs (Note: fusions that starve the GPU)."""
     nodes = eliminate_dead(build_nodes(graph), graph)
     outputs = {o.ref.name for o in graph.outputs if o.ref is not None}
     nbytes = {c.name: c.buffer.layout.storage_size * c.buffer.dtype.itemsize for c in _computed(nodes)}
-    state = FusionState([Group([n]) for n in nodes], outputs, nbytes)  # the program order is topological
+    state = FusionState([Group([n]) for n in nodes], outputs, nbytes, blocks)  # the program order is topological
     if fusion:
         state = fuse(state)
     steps: list[Step] = []
