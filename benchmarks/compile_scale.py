@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 import ember
-from ember import compile_graph
+from ember import compile_cpp, compile_graph, compile_triton, errors
 
 DEFAULT_CASES = "gpt2-2,gpt2-6,gpt2-12,gpt2-24,llama-4,llama-16,resnet50,gpt2-12-adamw"
 STAGES = ("aot_autograd", "graph_key", "passes", "lower", "schedule", "codegen", "render", "runtime", "wrapper",
@@ -55,6 +55,8 @@ class CaseResult:
     kernels: int = 0
     fusions: int = 0
     refusals: int = 0
+    distinct: int = 0  # kernels that went through codegen (the distinct ones: Note: kernels generated once)
+    gcc_runs: int = 0
     error: str | None = None
 
 
@@ -152,10 +154,14 @@ def timed_compile(case: str, backend: str) -> float:
         return time.perf_counter() - start
 
 
+STAGE_USERS = (compile_graph, compile_cpp, compile_triton)  # the modules that time ember's stages
+
+
 @contextlib.contextmanager
 def stage_cpu_seconds(into: dict[str, float]) -> Iterator[None]:
-    """Adds each ember stage's CPU seconds (this thread) to `into`, around `compile_graph.stage`."""
-    real_stage = compile_graph.stage
+    """Adds each ember stage's CPU seconds (this thread) to `into`, around `errors.stage` where
+    each of STAGE_USERS calls it (codegen and runtime are timed by the backends)."""
+    real_stage = errors.stage
 
     @contextlib.contextmanager
     def stage(name: str, timings: dict[str, float]) -> Iterator[None]:
@@ -166,11 +172,13 @@ def stage_cpu_seconds(into: dict[str, float]) -> Iterator[None]:
         finally:
             into[name] = into.get(name, 0.0) + time.thread_time() - start
 
-    compile_graph.stage = stage  # type: ignore[assignment]
+    for module in STAGE_USERS:
+        module.stage = stage  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        compile_graph.stage = real_stage  # type: ignore[assignment]
+        for module in STAGE_USERS:
+            module.stage = real_stage  # type: ignore[attr-defined]
 
 
 def run_case(case: str, inductor: bool) -> CaseResult:
@@ -188,6 +196,7 @@ def run_case(case: str, inductor: bool) -> CaseResult:
     result.stages["other"] = max(0.0, result.ember_s - sum(v for s, v in result.stages.items() if s != "render"))
     result.kernels, result.fusions = ember.metrics.kernels_generated, ember.metrics.fusions
     result.refusals = ember.metrics.fusion_refusals
+    result.distinct, result.gcc_runs = ember.metrics.kernels_codegen, ember.metrics.gcc_runs
     if inductor:
         result.inductor_s = timed_compile(case, "inductor")
     return result
@@ -199,7 +208,7 @@ def print_result(r: CaseResult) -> None:
         return
     versus = f"  inductor {r.inductor_s:7.1f}s  ratio {r.ember_s / r.inductor_s:4.2f}" if r.inductor_s else ""
     print(f"{r.case:16s} ember {r.ember_s:7.1f}s{versus}  kernels {r.kernels} fusions {r.fusions} "
-          f"refusals {r.refusals}", flush=True)  # fmt: skip
+          f"refusals {r.refusals} distinct {r.distinct} gcc {r.gcc_runs}", flush=True)  # fmt: skip
     cells = [f"{s} {v:.2f}" + (f" [{r.stages_cpu[s]:.2f}]" if s in r.stages_cpu else "") for s, v in r.stages.items()]
     print("    " + "  ".join(cells), flush=True)
 

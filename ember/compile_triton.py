@@ -23,7 +23,7 @@ from ember.config import Config
 from ember.debug.log import DebugDump
 from ember.errors import EmberError, stage
 from ember.ir import LoweredGraph
-from ember.lower.random import SEED_BUFFER
+from ember.lower.random import is_scalar_argument
 from ember.lower.split_reductions import SplitPolicy, split_reductions
 from ember.metrics import metrics
 from ember.renderer.common import RenderedKernel
@@ -74,7 +74,7 @@ def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool 
     kernels generated once, compile_cpp.py)."""
     try:
         ast = build_kernel_ast(step.group, step.stored, None, step.alignment, step.bodies)
-        scalars = frozenset(f"p{i}" for i, buffer in enumerate(ast.params) if buffer == SEED_BUFFER)
+        scalars = frozenset(f"p{i}" for i, buffer in enumerate(ast.params) if is_scalar_argument(buffer))
         key = (number_ranges(ast.sink), ast.outputs, scalars)
         kernel = generated.get(key) if generated is not None else None
         if kernel is None:

@@ -20,6 +20,7 @@ from torch._dynamo.exc import RestartAnalysis
 from torch._functorch.aot_autograd import make_boxed_func
 
 from ember import config as config_module
+from ember.collector import collection_paused
 from ember.compile_graph import compile_graph
 from ember.errors import EmberError, warn_at_user_code
 from ember.lower.decompositions import corrected_autograd_kernels, decomposition_table
@@ -52,7 +53,7 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
     )
     start, ember_seconds = time.perf_counter(), metrics.compile_seconds.total()
     try:
-        with corrected_autograd_kernels():
+        with corrected_autograd_kernels(), collection_paused():  # Note: no garbage collection while compiling
             return backend(gm, example_inputs)
     except RestartAnalysis:  # dynamo's control flow (e.g. float scalars made tensors): it traces again
         raise
@@ -76,7 +77,8 @@ def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], con
     if role in ("forward", "inference"):
         gm.meta[INPUTS_HELD] = True
     try:
-        return compile_graph(gm, example_inputs, config, role)
+        with collection_paused():  # a backward compiles at its first call, outside ember_backend
+            return compile_graph(gm, example_inputs, config, role)
     except Exception as e:
         if config.strict:
             raise

@@ -68,7 +68,9 @@ class Buffer:
     name: str
     dtype: DType
     layout: Layout
-    kind: str  # "input" | "computed" | "extern" | "constant" | "seed" (drawn by the wrapper per call)
+    # "input" | "computed" | "extern" | "constant" | "seed" (drawn by the wrapper per call) |
+    # "random_offset" (a random op's first Philox counter, set by the wrapper: lower/random.py)
+    kind: str
 
     def uop(self) -> UOp:
         return UOp(Ops.BUFFER, self.dtype, (), BufferArg(self.name, self.layout.storage_size))
@@ -180,3 +182,5 @@ class LoweredGraph:
     # buffer name -> (the first FX node whose value is that buffer read through a layout, the
     # layout): which aten computation a buffer holds, for EMBER_VERIFY (wrapper/verify.py)
     holds: dict[str, tuple[str, Layout]] = field(default_factory=dict)
+    # "random_offset" buffer -> its value (Note: counter-based random numbers, lower/random.py)
+    random_offsets: dict[str, int] = field(default_factory=dict)

@@ -140,6 +140,44 @@ def test_rand_equals_tritons_bit_for_bit_and_randn_to_a_few_ulp(tmp_path):
     assert ember.metrics.fallback_calls == 0
 
 
+def test_a_later_random_op_draws_at_the_counters_after_the_earlier_ones(tmp_path):
+    """Each random op's counters follow the counters every earlier op of the graph took (its
+    offset, a kernel argument): the second op's elements are tl.rand at n1 + position."""
+    n1, n2 = 1000, 4099
+    device = test_device()
+    f = compile_fn(lambda: (torch.rand(n1, device=device), torch.rand(n2, device=device)))
+    offsets = torch.arange(n1 + n2, dtype=torch.int64)
+    expected = triton_philox([seed_of_next_call(9)], offsets, tmp_path)[0][4]
+    torch.manual_seed(9)
+    first, second = (t.cpu() for t in f())
+    assert torch.equal(first, expected[:n1]) and torch.equal(second, expected[n1:])
+
+
+def test_identical_layers_with_dropout_share_their_kernels():
+    """Dropouts of identical layers differ only in their offsets, which are kernel arguments:
+    twice the layers give twice the kernels but no new one to generate (Note: counter-based
+    random numbers)."""
+
+    def layers(n):
+        def fn(x, w):
+            for _ in range(n):
+                x = F.dropout(torch.tanh(x @ w), 0.25, training=True)
+            return x
+
+        return fn
+
+    x, w = torch.randn(8, 16, device=test_device()), torch.randn(16, 16, device=test_device())
+    work = []
+    for n in (2, 4):
+        ember.metrics.reset()
+        with torch.no_grad():
+            compile_fn(layers(n))(x, w)
+        work.append((ember.metrics.kernels_generated, ember.metrics.kernels_codegen))
+    (small_kernels, small_codegen), (large_kernels, large_codegen) = work
+    assert large_kernels >= small_kernels + 2, work
+    assert large_codegen == small_codegen, work
+
+
 # ---- reproducibility -------------------------------------------------------------------------
 
 

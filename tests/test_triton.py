@@ -301,6 +301,8 @@ test_random_shapes_strides_and_dtypes = test_random.test_shapes_strides_and_dtyp
 test_random_op_variants = test_random.test_random_op_variants_lower_without_fallbacks
 test_random_randint_of_the_widest_ranges = test_random.test_randint_of_the_widest_ranges
 test_random_fallback_random_matches_eager = test_random.test_fallback_random_matches_eager_bit_for_bit
+test_random_later_op_offsets = test_random.test_a_later_random_op_draws_at_the_counters_after_the_earlier_ones
+test_random_identical_layers_share_kernels = test_random.test_identical_layers_with_dropout_share_their_kernels
 
 
 # ---- float16 / bfloat16 (Note: low-precision floats in Triton, renderer/triton.py) ---------------

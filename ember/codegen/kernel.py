@@ -202,12 +202,15 @@ def _store(computed: ComputedBuffer, body: UOp, loop_vars: list[UOp]) -> UOp:
 
 def _rename_buffers(sink: UOp, outputs: frozenset[str]) -> KernelAST:
     buffers = [u for u in sink.toposort if u.op is Ops.BUFFER]
-    # outputs first, then inputs in order of first use
-    ordered = sorted(buffers, key=lambda b: (b.arg.name not in outputs, buffers.index(b)))
+    # outputs first, then inputs in order of first use (a stable sort keeps that order)
+    ordered = sorted(buffers, key=lambda b: b.arg.name not in outputs)
     names = list(dict.fromkeys(b.arg.name for b in ordered))
-    sizes = {n: max(b.arg.size for b in buffers if b.arg.name == n) for n in names}
+    position = {n: i for i, n in enumerate(names)}
+    sizes: dict[str, int] = {}
+    for b in buffers:
+        sizes[b.arg.name] = max(sizes.get(b.arg.name, 0), b.arg.size)
     mapping = {
-        b: UOp(Ops.BUFFER, b.dtype, (), BufferArg(f"p{names.index(b.arg.name)}", sizes[b.arg.name])) for b in buffers
+        b: UOp(Ops.BUFFER, b.dtype, (), BufferArg(f"p{position[b.arg.name]}", sizes[b.arg.name])) for b in buffers
     }
-    written = frozenset(f"p{names.index(n)}" for n in outputs if n in names)
+    written = frozenset(f"p{position[n]}" for n in outputs if n in position)
     return KernelAST(substitute(sink, mapping), tuple(names), written)

@@ -9,7 +9,12 @@ Note: counter-based random numbers
     kernels read, so `torch.manual_seed` reproduces a run. An element's counter is its
     row-major position in its op's output plus the counters every earlier random op of the
     graph took: two ops never share one. Nothing depends on threads, loop splits or fusion;
-    an element recomputed in two kernels is the same number.
+    an element recomputed in two kernels is the same number. The counters earlier ops took
+    (the op's offset) are not a constant of the kernel but a kernel argument, one more
+    one-element int64 buffer per random op (kind "random_offset", its value in
+    `LoweredGraph.random_offsets`, set by the wrapper), so the identical layers of a model,
+    whose dropouts differ only in their offsets, share one kernel (Note: kernels generated
+    once, compile_cpp.py). PHILOX adds the offset to the element's position in 64 bits.
     Uniform floats are tl.rand's exact integer-to-float conversion (bit for bit with
     Triton). Normals are tl.randn's Box-Muller, with log and cos built here from IEEE
     arithmetic rather than libm, whose scalar and vector versions round differently (values
@@ -37,6 +42,7 @@ from ember.uop.ops import Ops, UOp
 aten = torch.ops.aten
 
 SEED_BUFFER = "ember_seed"
+OFFSET_PREFIX = "ember_random_offset_"
 
 
 def f32(value: float) -> float:
@@ -47,21 +53,31 @@ def f32(value: float) -> float:
 # ---- random streams --------------------------------------------------------------------
 
 
-def random_stream(ctx: LoweringContext, shape: tuple[int, ...]) -> tuple[UOp, UOp]:
-    """(seed, counter) of each element of a new random op's output of `shape`."""
+def random_stream(ctx: LoweringContext, shape: tuple[int, ...]) -> tuple[UOp, UOp, UOp]:
+    """(seed, offset, position) of each element of a new random op's output of `shape`: its
+    counter is offset + position (Note: counter-based random numbers)."""
     if SEED_BUFFER not in ctx.buffers:
         ctx.add_buffer(Buffer(SEED_BUFFER, dtypes.int64, Layout((1,), (1,)), "seed"))
     seed = load(ctx.buffers[SEED_BUFFER]).body
-    counter = const_index(ctx.random_counters)
+    name = f"{OFFSET_PREFIX}{len(ctx.graph.random_offsets)}"
+    ctx.graph.random_offsets[name] = ctx.random_counters
+    offset = load(ctx.add_buffer(Buffer(name, dtypes.int64, Layout((1,), (1,)), "random_offset"))).body
+    position = const_index(0)
     for i, (size, stride) in enumerate(zip(shape, contiguous_strides(shape))):
         if size != 1:
-            counter = counter + axis(i) * stride
+            position = position + axis(i) * stride
     ctx.random_counters += math.prod(shape)
-    return seed, counter
+    return seed, offset, position
 
 
-def philox(seed: UOp, counter: UOp, word: int) -> UOp:
-    return UOp(Ops.PHILOX, dtypes.uint32, (seed, counter), word)
+def is_scalar_argument(buffer: str) -> bool:
+    """The seed and the random ops' offsets: one-element int64 buffers a Triton kernel takes
+    by value."""
+    return buffer == SEED_BUFFER or buffer.startswith(OFFSET_PREFIX)
+
+
+def philox(stream: tuple[UOp, UOp, UOp], word: int) -> UOp:
+    return UOp(Ops.PHILOX, dtypes.uint32, stream, word)
 
 
 def bitcast(x: UOp, dtype: DType) -> UOp:
@@ -128,10 +144,10 @@ def cos_float(x: UOp) -> UOp:
     return pick(0).where(cos_r, pick(1).where(-sin_r, pick(2).where(-cos_r, sin_r)))
 
 
-def random_int63(seed: UOp, counter: UOp) -> UOp:
+def random_int63(stream: tuple[UOp, UOp, UOp]) -> UOp:
     """A uniform int64 in [0, 2**63) from two words."""
-    high = philox(seed, counter, 0).cast(dtypes.int64).alu(Ops.MOD, UOp.const(dtypes.int64, 2**31))
-    return high * 2**32 + philox(seed, counter, 1).cast(dtypes.int64)
+    high = philox(stream, 0).cast(dtypes.int64).alu(Ops.MOD, UOp.const(dtypes.int64, 2**31))
+    return high * 2**32 + philox(stream, 1).cast(dtypes.int64)
 
 
 # ---- lowerings ---------------------------------------------------------------------------
@@ -149,13 +165,12 @@ def _check_supported(ctx: LoweringContext, kwargs: dict) -> None:
 
 
 def _uniform(ctx: LoweringContext, shape: tuple[int, ...]) -> UOp:
-    seed, counter = random_stream(ctx, shape)
-    return uniform_float(philox(seed, counter, 0))
+    return uniform_float(philox(random_stream(ctx, shape), 0))
 
 
 def _normal(ctx: LoweringContext, shape: tuple[int, ...]) -> UOp:
-    seed, counter = random_stream(ctx, shape)
-    return normal_float(philox(seed, counter, 0), philox(seed, counter, 1))
+    stream = random_stream(ctx, shape)
+    return normal_float(philox(stream, 0), philox(stream, 1))
 
 
 def _float_output(node: torch.fx.Node) -> tuple[tuple[int, ...], DType]:
@@ -186,8 +201,7 @@ def _randint(ctx: LoweringContext, node: torch.fx.Node, low: int, high: int, kwa
         raise Unsupported(f"randint bounds [{low}, {high})")  # aten raises eager's error, or draws a wider range
     meta = out_meta(node)
     shape, dtype = tuple(meta.shape), from_torch(meta.dtype)
-    seed, counter = random_stream(ctx, shape)
-    value = random_int63(seed, counter)
+    value = random_int63(random_stream(ctx, shape))
     if high - low < 2**63:
         value = value.alu(Ops.MOD, UOp.const(dtypes.int64, high - low))
     value = value + low

@@ -428,7 +428,7 @@ def _declare_acc(acc: UOp, pad: str) -> list[str]:
 
 def _expression(u: UOp, srcs: list[str]) -> str:
     if u.op is Ops.PHILOX:
-        return f"ember_philox<{u.arg}>({srcs[0]}, {srcs[1]})"
+        return f"ember_philox<{u.arg}>({srcs[0]}, (uint64_t){srcs[1]} + (uint64_t){srcs[2]})"
     if u.op is Ops.WHERE:
         return f"({srcs[0]} ? {srcs[1]} : {srcs[2]})"
     if len(srcs) == 2:

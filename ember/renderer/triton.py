@@ -265,7 +265,7 @@ class _Body:
 
     def load(self, u: UOp) -> None:
         buffer = u.src[0].src[0]
-        if buffer.arg.name in self.scalars:  # a one-element buffer passed by value (the seed)
+        if buffer.arg.name in self.scalars:  # a one-element buffer passed by value (the seed, an offset)
             self.names[u] = buffer.arg.name
             return
         mask = f", mask={self.ref(u.src[1])}" if len(u.src) > 1 else ""
@@ -301,11 +301,15 @@ class _Body:
         self.names[u] = value
 
     def philox(self, u: UOp) -> None:
-        """tl.randint4x(seed, counter): the C++ renderer's ember_philox, bit for bit, four words
-        a call (Note: counter-based random numbers, lower/random.py)."""
-        seed, counter = u.src
-        offset = f"tl.full([], {counter.arg}, tl.int64)" if counter.op is Ops.CONST else self.ref(counter)
-        self.assign(u, f"tl.randint4x({self.ref(seed)}, {offset})")
+        """tl.randint4x(seed, offset + position): the C++ renderer's ember_philox, bit for bit, four
+        words a call (Note: counter-based random numbers, lower/random.py). The counter is an int64
+        (the offset, a scalar argument, may be an int32 while the sum is not)."""
+        seed, offset, position = u.src
+        if position.op is Ops.CONST:  # a 0-d random op: randint4x wants a tensor offset
+            at = f"tl.full([], {position.arg}, tl.int64)"
+        else:
+            at = f"{self.ref(position)}.to(tl.int64)"
+        self.assign(u, f"tl.randint4x({self.ref(seed)}, {self.ref(offset)}.to(tl.int64) + {at})")
 
     # -- accumulators --
     def define_acc(self, u: UOp) -> None:

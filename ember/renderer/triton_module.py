@@ -16,7 +16,7 @@ from ember.uop.ops import Ops, UOp
 def render_triton(name: str, programs: dict[str, list[UOp]], plan: BlockPlan, written: frozenset[str],
                   scalars: frozenset[str] = frozenset()) -> RenderedKernel:  # fmt: skip
     """`programs`: each variant of `plan` (codegen/blocks.py) lowered to blocks and linearized
-    (codegen/block_lowering.py). `scalars`: one-element int64 buffers (the random seed) the kernel
+    (codegen/block_lowering.py). `scalars`: one-element int64 buffers (the random seed and offsets) the kernel
     takes by value rather than as a pointer: no device buffer to fill per call. Typed int64 and
     never specialized, so every value runs one compiled kernel."""
     every = [u for program in programs.values() for u in program]

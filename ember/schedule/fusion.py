@@ -108,7 +108,11 @@ MAX_PAIRS_PER_USER = 64
 
 
 def candidate_pairs(state: FusionState) -> list[tuple[Group, Group]]:
-    """Pairs of groups sharing a buffer, best first: most bytes shared, then closest in program order."""
+    """Pairs of groups sharing a buffer, best first: most bytes shared, then closest in program
+    order. A pair where one group depends on the other through a third node would close a
+    cycle: only a group's nearest such partner per buffer stays a candidate (`why_no_fuse`
+    refuses it, and `ember explain` says why); the others are left out, or a buffer every layer
+    reads (the random seed, an attention mask) would pair each layer with each later one."""
     users: dict[str, list[Group]] = {}
     for g in state.groups:
         if g.runs_alone:  # externs, stores at computed positions, scans
@@ -116,13 +120,22 @@ def candidate_pairs(state: FusionState) -> list[tuple[Group, Group]]:
         for b in g.reads | g.writes:
             users.setdefault(b, []).append(g)
     scores: dict[tuple[Group, Group], int] = {}
+    cyclic: set[tuple[Group, Group]] = set()
     for buffer, groups in users.items():
         nbytes = state.nbytes.get(buffer, 0)
         for i, a in enumerate(groups):
+            said = False
             for b in groups[i + 1 : i + 1 + MAX_PAIRS_PER_USER]:
                 pair = (a, b) if a.position <= b.position else (b, a)
+                if pair in cyclic:
+                    continue
+                if pair not in scores and state.order.node_path_between(*pair) is not None:
+                    if said:
+                        cyclic.add(pair)
+                        continue
+                    said = True
                 scores[pair] = scores.get(pair, 0) + nbytes
-    state.work.candidate_pairs += len(scores)
+    state.work.candidate_pairs += len(scores) + len(cyclic)
     return sorted(scores, key=lambda p: (-scores[p], abs(p[1].position - p[0].position), p[0].position))
 
 

@@ -125,6 +125,12 @@ class ScheduleOrder:
                     stack.append(p)
         return None
 
+    def node_path_between(self, a: Group, b: Group) -> Group | None:
+        """A group on a path of nodes outside both from one of `a`, `b` to the other, or None
+        (a few bit tests per dependency of the later one: candidate pairs filter on it)."""
+        (_, early), (_, late) = sorted([(self.slot_of[a], a), (self.slot_of[b], b)], key=lambda p: p[0])
+        return self._node_path(early, late)
+
     def _node_path(self, early: Group, late: Group) -> Group | None:
         """The group of a node outside both on a path of nodes from `early` to `late` (merging
         groups only adds paths, so the merged pair would be on a cycle), found with the

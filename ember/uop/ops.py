@@ -101,7 +101,8 @@ class Ops(enum.Enum):
     # ternary
     WHERE = enum.auto()
     # random numbers (Note: counter-based random numbers, lower/random.py)
-    PHILOX = enum.auto()  # src: (seed int64, counter index); arg: word 0..3; the uint32 word of Philox4x32-10
+    PHILOX = enum.auto()  # src: (seed int64, offset int64, position index); arg: word 0..3; the uint32 word of
+    # Philox4x32-10 at counter offset + position
     BITCAST = enum.auto()  # src: (x,); the bits of x read as `dtype` (same itemsize)
     # math functions beyond the basic set (libm's; Note: special functions, lower/math_functions.py)
     ACOSH = enum.auto()
@@ -121,7 +122,7 @@ class Ops(enum.Enum):
     ARANGE = enum.auto()  # index block: 0, 1, ... along one block axis; arg: BlockArg
     BLOCK_REDUCE = enum.auto()  # src: (block,); the block folded along one axis, kept as size 1; arg: BlockReduceArg
     BLOCK_SCAN = enum.auto()  # src: (block,); the running combination along the r axis; arg: the combining Ops
-    PHILOX4 = enum.auto()  # src: (seed, counter); the four uint32 words of one Philox4x32-10 call
+    PHILOX4 = enum.auto()  # src: (seed, offset, position); the four uint32 words of one Philox4x32-10 call
     WORD = enum.auto()  # src: (PHILOX4,); word `arg` (0..3) of it
 
 

@@ -229,8 +229,8 @@ def _check(u: UOp) -> str | None:
 
 
 def _philox(u: UOp) -> str | None:
-    if len(u.src) != 2 or u.dtype is not dtypes.uint32 or u.arg not in (0, 1, 2, 3):
-        return "takes (seed, counter), gives uint32 word 0..3"
+    if len(u.src) != 3 or u.dtype is not dtypes.uint32 or u.arg not in (0, 1, 2, 3):
+        return "takes (seed, offset, position), gives uint32 word 0..3"
     return None
 
 
@@ -321,7 +321,9 @@ def _block_scan(u: UOp) -> str | None:
 
 
 def _philox4(u: UOp) -> str | None:
-    return None if len(u.src) == 2 and u.dtype is dtypes.uint32 else "takes (seed, counter), gives uint32 words"
+    return (
+        None if len(u.src) == 3 and u.dtype is dtypes.uint32 else "takes (seed, offset, position), gives uint32 words"
+    )
 
 
 def _word(u: UOp) -> str | None:

@@ -68,6 +68,21 @@ class DrawSeed:
 
 
 @dataclass
+class SetRandomOffset:
+    """A random op's first Philox counter, a kernel argument rather than a constant of its kernel
+    (Note: counter-based random numbers, lower/random.py): an int for Triton kernels (by value),
+    else a one-element tensor made once per process (wrapper/runtime.py `random_offset`)."""
+
+    buffer: Buffer
+    value: int
+    by_value: bool = False
+
+    def render(self) -> str:
+        name = self.buffer.name
+        return f"{name} = {self.value}" if self.by_value else f"{name} = random_offset({self.value})"
+
+
+@dataclass
 class KernelCall:
     kernel: str
     args: list[str]
@@ -196,6 +211,7 @@ class Return:
 Line = (
     AssertInput
     | DrawSeed
+    | SetRandomOffset
     | Allocate
     | KernelCall
     | CheckGpuErrors

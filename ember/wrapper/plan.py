@@ -20,6 +20,7 @@ Note: the peak with dying inputs
 
 from __future__ import annotations
 
+from ember.schedule.ranges import RangeMax
 from ember.wrapper import lines as L
 
 
@@ -57,10 +58,15 @@ def planned_peak(lines: list) -> int:
 
 
 def plan_memory(lines: list) -> tuple[list, int]:
-    """The lines with reuse applied, and their planned peak bytes."""
+    """The lines with reuse applied, and their planned peak bytes.
+
+    A reuse of the buffer freed at line j by the allocation at line i (same bytes) holds it over
+    lines j..i-1 and changes nothing after: both timelines get one range addition, and a
+    candidate is checked with one range maximum (RangeMax, O(log n) each), so planning is
+    near-linear in the wrapper's length."""
     lines = list(lines)
-    timelines = [live_bytes(lines), live_bytes(lines, inputs_die=True)]
-    peaks = [max(timeline, default=0) for timeline in timelines]
+    timelines = [RangeMax(live_bytes(lines)), RangeMax(live_bytes(lines, inputs_die=True))]
+    peaks = [t.max(0, len(lines) - 1) if lines else 0 for t in timelines]
     pool: dict[tuple, list[int]] = {}  # key -> indices of FreeIfNotReused lines
     for i, line in enumerate(lines):
         if isinstance(line, L.FreeIfNotReused) and _reusable(line.buffer):
@@ -68,12 +74,13 @@ def plan_memory(lines: list) -> tuple[list, int]:
         elif isinstance(line, L.Allocate) and pool.get(_key(line.buffer)):
             size = nbytes(line.buffer)
             for j in reversed(pool[_key(line.buffer)]):
-                if all(max(t[j:i], default=0) + size <= peak for t, peak in zip(timelines, peaks)):
+                if all(t.max(j, i - 1) + size <= peak for t, peak in zip(timelines, peaks)):
                     pool[_key(line.buffer)].remove(j)
                     old = lines[j].buffer
                     lines[j] = L.Null()
                     lines[i] = L.Reuse(old, line.buffer)
-                    timelines = [live_bytes(lines), live_bytes(lines, inputs_die=True)]
+                    for t in timelines:
+                        t.add(j, i - 1, size)
                     break
     return lines, planned_peak(lines)
 

@@ -30,8 +30,8 @@ HEADER = """\
 import torch
 from ember.wrapper.runtime import (
     GpuErrorFlags, KernelErrorFlag, as_strided, assert_layout, empty_large, empty_strided, ensure_layout, load_kernel,
-    constant_on, load_triton_kernel, profiled_call, profiler_active, random_seed, random_seed_value, record_function,
-    search_cpu_kernel, tree_leaves,
+    constant_on, load_triton_kernel, profiled_call, profiler_active, random_offset, random_seed, random_seed_value,
+    record_function, search_cpu_kernel, tree_leaves,
 )
 
 aten = torch.ops.aten
@@ -79,12 +79,14 @@ def generate_wrapper(
     labels = labels or {}
     objects: list[Any] = []
     gpu_errors: list[list[tuple[str, str]]] = []
-    buffers = {b.name: b for b in graph.buffers.values() if b.kind in ("input", "constant", "seed")}
+    buffers = {b.name: b for b in graph.buffers.values() if b.kind in ("input", "constant", "seed", "random_offset")}
     body: list[L.Line] = [L.AssertInput(b) for b in graph.inputs]
     body += [L.MoveToDevice(b.name) for b in graph.inputs if b.name in host_inputs]
     read = {name for step in steps for name in reads_of(step)}  # (a dead random op needs no seed)
     triton = any(k.triton is not None for k in kernels.values())
     body += [L.DrawSeed(b, triton) for b in graph.buffers.values() if b.kind == "seed" and b.name in read]
+    body += [L.SetRandomOffset(graph.buffers[name], value, triton) for name, value in graph.random_offsets.items()
+             if name in read]  # fmt: skip
     freed = graph_last_uses(graph, steps)
     dropped = input_last_uses(graph, steps)
     body += [L.Del(unread)] if (unread := unread_inputs(graph, steps)) else []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import ctypes
+import functools
 import threading
 
 import torch
@@ -47,6 +48,7 @@ def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
 
 __all__ = [
     "GpuErrorFlags", "KernelErrorFlag", "load_triton_kernel", "constant_on", "random_seed", "random_seed_value",
+    "random_offset",
     "as_strided", "assert_layout", "empty_large", "empty_strided", "ensure_layout", "load_kernel", "search_cpu_kernel",
     "tree_leaves", "profiler_active", "profiled_call", "record_function",
 ]  # fmt: skip
@@ -66,6 +68,15 @@ def random_seed_value() -> int:
     if getattr(capture_state, "recorder", None) is not None:
         raise RuntimeError("a recorded CUDA graph would repeat this random seed at every replay")
     return int(torch.randint(SEED_BOUND, (1,), dtype=torch.int64).item())
+
+
+@functools.cache
+def random_offset(value: int) -> torch.Tensor:
+    """A random op's first Philox counter as the one-element tensor C++ kernels read (Note:
+    counter-based random numbers, lower/random.py): made at the first call that needs it (a
+    wrapper module runs while torch may still trace with fake tensors), then shared; kernels
+    never write it. functools.cache is safe under threads."""
+    return torch.tensor([value], dtype=torch.int64)
 
 
 # Seeds are non-negative int64s (Philox takes 64 key bits; Triton reads a seed as uint64).
