@@ -116,6 +116,31 @@ def make_step(model: Callable, workload: suite.Workload, inputs: tuple | None = 
     return train_step
 
 
+def optimizer_step(workload: suite.Workload, compiler: str, dtype: torch.dtype | None = None) -> Callable[[], Any]:
+    """The whole training step of a workload with an optimizer (zero grads, loss, backward,
+    `optimizer.step()`), on a fresh copy of its model and optimizer (in `dtype` if given), compiled
+    as one function by `compiler`. Returns the loss; `step.state()` gives the parameters."""
+    module = copy.deepcopy(workload.model)
+    module = module.to(dtype) if dtype is not None else module
+    params = [p for p in module.parameters() if p.requires_grad]
+    optimizer = workload.optimizer(params)  # type: ignore[misc]
+    args = tree_map(upcast, workload.inputs) if dtype is torch.float64 else workload.inputs
+
+    def whole_step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = module(*args)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    step = whole_step if compiler == "eager" else torch.compile(whole_step, backend=compiler, dynamic=False)
+    def run() -> torch.Tensor:
+        return step()
+
+    run.state = lambda: [p.detach().clone() for p in params]  # type: ignore[attr-defined]
+    return run
+
+
 def upcast(x: Any) -> Any:
     return x.detach().double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
@@ -123,6 +148,9 @@ def upcast(x: Any) -> Any:
 def reference_outputs(workload: suite.Workload, eager_outputs: Any) -> tuple[Any, str]:
     """The workload run in float64 (a copy of the model), or eager float32 where that fails."""
     try:
+        if workload.optimizer is not None:
+            step = optimizer_step(workload, "eager", torch.float64)
+            return (step(), *step.state()), "float64"  # type: ignore[attr-defined]
         model = workload.model
         if isinstance(model, torch.nn.Module):
             model = copy.deepcopy(model).double()
@@ -158,8 +186,11 @@ def compare(outputs: Any, reference: Any) -> tuple[bool, float]:
 
 def compile_cold(workload: suite.Workload, compiler: str, result: ModelResult) -> tuple[Callable, Any] | None:
     """Compile and run once, timing it. Records the error and returns None when it fails."""
-    model = workload.model if compiler == "eager" else torch.compile(workload.model, backend=compiler, dynamic=False)
-    step = make_step(model, workload)
+    if workload.optimizer is not None:  # each compiler steps its own copy of the model
+        step = optimizer_step(workload, compiler)
+    else:
+        model = workload.model if compiler == "eager" else torch.compile(workload.model, backend=compiler, dynamic=False)
+        step = make_step(model, workload)
     if compiler == "ember":
         ember.metrics.reset()
     with warnings.catch_warnings(record=True) as caught:
@@ -171,6 +202,8 @@ def compile_cold(workload: suite.Workload, compiler: str, result: ModelResult) -
             result.errors[compiler] = describe_error(e)
             return None
         seconds = time.perf_counter() - start
+        if workload.optimizer is not None:  # the loss, then the parameters after one update
+            outputs = (outputs, *step.state())  # type: ignore[attr-defined]
     if compiler != "eager":
         result.compile_s[compiler] = seconds
     if compiler == "ember":

@@ -171,7 +171,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         kernels=generated.kernels, fusions=scheduled.fusions, refusals=len(scheduled.refusals),
         extern_calls=sum(1 for s in steps if not isinstance(s, KernelStep)),
         reduce_loops=generated.reduce_loops, fallback_ops=list(lowering.fallback_ops), explanation=explanation,
-        tiled_kernels=generated.tiled_kernels,
+        tiled_kernels=generated.tiled_kernels, inputs_written_in_place=len(graph.mutated_inputs),
     )  # fmt: skip
     call = record.in_profiler_range(call) if record is not None else call
     return _finish(call, path, summary), wrapper.source, wrapper.objects, summary
@@ -215,6 +215,7 @@ def _record(summary, timings: dict[str, float]) -> None:
         graphs_compiled=1,
         kernels_generated=summary.kernels,
         tiled_kernels=summary.tiled_kernels,
+        inputs_written_in_place=summary.inputs_written_in_place,
         fusions=summary.fusions,
         fusion_refusals=summary.refusals,
         extern_calls=summary.extern_calls,

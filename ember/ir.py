@@ -159,3 +159,5 @@ class LoweredGraph:
     # buffer name -> (the first FX node whose value is that buffer read through a layout, the
     # layout): which aten computation a buffer holds, for EMBER_VERIFY (wrapper/verify.py)
     holds: dict[str, tuple[str, Layout]] = field(default_factory=dict)
+    # inputs a step stores into, in place (Note: inputs written in place, lower/mutation.py)
+    mutated_inputs: list[str] = field(default_factory=list)

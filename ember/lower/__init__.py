@@ -3,6 +3,7 @@
 from ember.lower import (  # noqa: F401  (registration)
     indexing,
     math_functions,
+    mutation,
     pointwise,
     pooling,
     random,

@@ -30,6 +30,7 @@ class GraphSummary:
     explanation: str = ""
     pass_rewrites: dict[str, int] = field(default_factory=dict)  # FX pass -> nodes rewritten (ember/passes)
     tiled_kernels: int = 0  # C++ kernels with 2-D tiles (codegen/tiling.py)
+    inputs_written_in_place: int = 0  # (Note: inputs written in place, lower/mutation.py)
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], config_key: str, identity: str) -> str:

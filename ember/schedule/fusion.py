@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ember.ir import ComputedBuffer
-from ember.schedule.group import align, recomputed_member, resolve_bodies
+from ember.schedule.group import align, recomputed_member, resolve_bodies, unsafe_in_place_read
 from ember.schedule.nodes import SchedulerNode
 from ember.schedule.order import Plan, ScheduleOrder, ScheduleWork
 from ember.uop.ops import Ops, UOp
@@ -151,6 +151,8 @@ def why_no_fuse(state: FusionState, a: Group, b: Group) -> str | Fused:
         return bodies
     if (recomputed := recomputed_reduction(bodies, alignment)) is not None:
         return f"the reduction in {recomputed} would be recomputed for every element of an inner loop"
+    if (unsafe := unsafe_in_place_read([n.step for n in members], bodies, alignment)) is not None:
+        return unsafe
     fused.alignment, fused.bodies = alignment, bodies
     plan = state.order.plan(a, b, fused)
     if all(split_reduction_member(state, n) for n in members):
