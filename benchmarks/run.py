@@ -56,10 +56,12 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 import ember
-from benchmarks import suite
+from benchmarks import real_models, suite
 from ember.errors import EmberError
 
 COMPILERS = ("eager", "inductor", "ember")
+# --suite: the registry of workloads (benchmarks/README.md)
+SUITES: dict[str, dict[str, Callable[[bool], Any]]] = {"default": suite.WORKLOADS, "real": real_models.WORKLOADS}
 RTOL = ATOL = 1e-3
 MIN_ROUNDS = 5  # timing rounds always taken, whatever the time budget
 COMPILE_ONLY_TAG = "compile-only-result: "
@@ -375,7 +377,7 @@ def warm_up_process(compilers: list[str], scratch: Path, device: str = "cpu") ->
 
 def warm_compile_seconds(name: str, ember_cache: Path, args, result: ModelResult) -> float | None:
     """Ember's compile time in a new process whose cache already holds this workload's kernels."""
-    command = [sys.executable, "-m", "benchmarks.run", "--models", name, "--compile-only"]
+    command = [sys.executable, "-m", "benchmarks.run", "--suite", args.suite, "--models", name, "--compile-only"]
     command += ["--quick"] if args.quick else []
     command += ["--strict"] if args.strict else []
     command += ["--device", args.device]
@@ -410,7 +412,7 @@ def compile_only(args: argparse.Namespace) -> None:
     if ember_cache is not None:
         os.environ["EMBER_CACHE_DIR"] = ember_cache
     for name in args.models:
-        workload = suite.build(name, args.quick)
+        workload = SUITES[args.suite][name](args.quick)
         if workload is None:
             continue
         workload = on_device(workload, args.device)
@@ -435,7 +437,7 @@ def run_suite(args: argparse.Namespace) -> list[ModelResult]:
         stack.enter_context(environment(EMBER_STRICT=strict, EMBER_CACHE_DIR="", TORCHINDUCTOR_CACHE_DIR=""))
         warm_up_process(args.compilers, root, args.device)
         for name in args.models:
-            workload = suite.build(name, args.quick)
+            workload = SUITES[args.suite][name](args.quick)
             workload = on_device(workload, args.device) if workload is not None else None
             if workload is None:
                 print(f"skipping {name}: `transformers` is not installed (pip install transformers)")
@@ -666,7 +668,9 @@ def first_line(error: Any) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(suite.WORKLOADS), help="comma-separated workloads")
+    parser.add_argument("--suite", choices=sorted(SUITES), default="default",
+                        help="default: benchmarks/suite.py; real: real models at real sizes (benchmarks/real_models.py)")
+    parser.add_argument("--models", help="comma-separated workloads (default: all of the suite)")
     parser.add_argument("--compilers", default=",".join(COMPILERS), help="among eager,inductor,ember")
     parser.add_argument("--repeat", type=int, default=30, help="timing rounds (at most)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls of each compiler before timing")
@@ -682,10 +686,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.device == "cuda":  # fp32 means fp32 for every compiler: no TF32 in cuBLAS or cuDNN
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in args.models if m not in suite.WORKLOADS]
+    workloads = SUITES[args.suite]
+    args.models = [m.strip() for m in (args.models or ",".join(workloads)).split(",") if m.strip()]
+    unknown = [m for m in args.models if m not in workloads]
     if unknown:
-        parser.error(f"unknown workloads {unknown}; known: {', '.join(suite.WORKLOADS)}")
+        parser.error(f"unknown workloads {unknown} in suite {args.suite}; known: {', '.join(workloads)}")
     compilers = {c.strip() for c in args.compilers.split(",")} | {"eager"}  # eager is the baseline
     if compilers - set(COMPILERS):
         parser.error(f"unknown compilers {sorted(compilers - set(COMPILERS))}; known: {', '.join(COMPILERS)}")
