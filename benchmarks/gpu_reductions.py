@@ -34,6 +34,10 @@ def programs() -> dict:
     columns = torch.randn(NUMEL // 16, 16, device="cuda")
     rows = torch.randn(8, NUMEL // 8, device="cuda")
     integers = torch.randint(-1000, 1000, (NUMEL // 2,), device="cuda")
+    logits = torch.randn(8192, 32000, device="cuda")  # a language model's loss (Note: nested reductions on the GPU)
+    labels = torch.randint(0, 32000, (8192,), device="cuda")
+    logits_bf16 = torch.randn(16384, 128256, device="cuda", dtype=torch.bfloat16)
+    labels_bf16 = torch.randint(0, 128256, (16384,), device="cuda")
     f32 = NUMEL * 4
     return {
         "sum_64M": (lambda x: x.sum(), (x,), f32),
@@ -44,6 +48,8 @@ def programs() -> dict:
         "var_mean_rows_8x8M": (lambda x: torch.var_mean(x, 1), (rows,), f32),
         "mse_loss_64M": (lambda a, b: F.mse_loss(a, b), (x, target), 2 * f32),
         "int64_sum_32M": (lambda x: x.sum(), (integers,), NUMEL // 2 * 8),
+        "cross_entropy_8192x32000": (F.cross_entropy, (logits, labels), logits.numel() * 4),
+        "cross_entropy_bf16_16384x128256": (F.cross_entropy, (logits_bf16, labels_bf16), logits_bf16.numel() * 2),
     }
 
 

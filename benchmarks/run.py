@@ -135,7 +135,8 @@ def optimizer_step(workload: suite.Workload, compiler: str, dtype: torch.dtype |
         optimizer.step()
         return loss.detach()
 
-    step = whole_step if compiler == "eager" else torch.compile(whole_step, backend=compiler, dynamic=False)
+    mode = COMPILE_MODE["mode"]
+    step = whole_step if compiler == "eager" else torch.compile(whole_step, backend=compiler, dynamic=False, mode=mode)
     def run() -> torch.Tensor:
         return step()
 
@@ -191,7 +192,9 @@ def compile_cold(workload: suite.Workload, compiler: str, result: ModelResult) -
     if workload.optimizer is not None:  # each compiler steps its own copy of the model
         step = optimizer_step(workload, compiler)
     else:
-        model = workload.model if compiler == "eager" else torch.compile(workload.model, backend=compiler, dynamic=False)
+        mode = COMPILE_MODE["mode"]
+        model = workload.model if compiler == "eager" else torch.compile(workload.model, backend=compiler,
+                                                                         dynamic=False, mode=mode)  # fmt: skip
         step = make_step(model, workload)
     if compiler == "ember":
         ember.metrics.reset()
@@ -248,6 +251,7 @@ def copy_step(workload: suite.Workload) -> Callable[[], Any]:
 
 
 GPU_BATCH_SCALE = 16
+COMPILE_MODE = {"mode": None}  # --mode: torch.compile's mode for inductor and ember alike
 
 
 def on_device(workload: suite.Workload, device: str, scale: int = GPU_BATCH_SCALE) -> suite.Workload:
@@ -380,7 +384,7 @@ def warm_compile_seconds(name: str, ember_cache: Path, args, result: ModelResult
     command = [sys.executable, "-m", "benchmarks.run", "--suite", args.suite, "--models", name, "--compile-only"]
     command += ["--quick"] if args.quick else []
     command += ["--strict"] if args.strict else []
-    command += ["--device", args.device]
+    command += ["--device", args.device, "--batch-scale", str(args.batch_scale), "--mode", args.mode]
     env = {**os.environ, "EMBER_CACHE_DIR": str(ember_cache)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     try:
@@ -415,7 +419,7 @@ def compile_only(args: argparse.Namespace) -> None:
         workload = SUITES[args.suite][name](args.quick)
         if workload is None:
             continue
-        workload = on_device(workload, args.device)
+        workload = on_device(workload, args.device, args.batch_scale)
         result = ModelResult(name)
         if compile_cold(workload, "ember", result) is None:
             raise SystemExit(f"ember failed on {name}: {result.errors['ember']}")
@@ -438,7 +442,7 @@ def run_suite(args: argparse.Namespace) -> list[ModelResult]:
         warm_up_process(args.compilers, root, args.device)
         for name in args.models:
             workload = SUITES[args.suite][name](args.quick)
-            workload = on_device(workload, args.device) if workload is not None else None
+            workload = on_device(workload, args.device, args.batch_scale) if workload is not None else None
             if workload is None:
                 print(f"skipping {name}: `transformers` is not installed (pip install transformers)")
                 continue
@@ -682,7 +686,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warm", action=argparse.BooleanOptionalAction, default=True, help="measure warm compile")
     parser.add_argument("--compile-only", action="store_true", help="internal: ember cold compile of --models")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: GPU sizes (batch x16)")
+    parser.add_argument("--batch-scale", type=int, default=GPU_BATCH_SCALE,
+                        help="cuda: the batch multiple (1: the CPU sizes)")  # fmt: skip
+    parser.add_argument(
+        "--mode",
+        choices=["default", "reduce-overhead"],
+        default="default",
+        help="torch.compile's mode for inductor and ember (reduce-overhead: CUDA graphs)",
+    )
     args = parser.parse_args(argv)
+    COMPILE_MODE["mode"] = None if args.mode == "default" else args.mode
     if args.device == "cuda":  # fp32 means fp32 for every compiler: no TF32 in cuBLAS or cuDNN
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False

@@ -35,8 +35,10 @@ from ember.runtime import graph_cache
 from ember.runtime.cache import CacheDirectoryError, open_root
 from ember.runtime.cache_identity import graph_identity
 from ember.runtime.cpu import kernel_identity
+from ember.runtime.cuda_graphs import CudaGraphRunner
 from ember.runtime.search import machine_identity
 from ember.schedule import KernelStep, schedule
+from ember.schedule.nodes import mutated_buffers
 from ember.wrapper.python import WrapperSource, generate_wrapper, load_wrapper
 from ember.wrapper.verify import VerifiedGraph
 
@@ -96,6 +98,8 @@ def _compile_graph(
             f.write(summary.explanation)
     _record(summary, timings)
     _log_summary(summary, role, key)
+    if config.cuda_graphs and graph_device(gm, example_inputs).type == "cuda":
+        call = CudaGraphRunner(call, frozenset(summary.mutated_inputs), f"{role} {key[:8]}")
     return call
 
 
@@ -129,7 +133,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         backend.prepare(graph, lowering, config)
     debug.write("ir.txt", describe_ir(graph))
     with stage("schedule", timings):
-        scheduled = schedule(graph, fusion=config.fusion)
+        scheduled = schedule(graph, fusion=config.fusion, nested_reductions=backend.capabilities.nested_reductions)
         steps = scheduled.steps
     metrics.tally("schedule_work", vars(scheduled.work))
     origins = step_origins(gm, graph.holds, steps)
@@ -171,7 +175,8 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         kernels=generated.kernels, fusions=scheduled.fusions, refusals=len(scheduled.refusals),
         extern_calls=sum(1 for s in steps if not isinstance(s, KernelStep)),
         reduce_loops=generated.reduce_loops, fallback_ops=list(lowering.fallback_ops), explanation=explanation,
-        tiled_kernels=generated.tiled_kernels, inputs_written_in_place=len(graph.mutated_inputs),
+        tiled_kernels=generated.tiled_kernels, mutated_inputs=mutated_inputs(graph, steps),
+        inputs_written_in_place=len(graph.mutated_inputs),
     )  # fmt: skip
     call = record.in_profiler_range(call) if record is not None else call
     return _finish(call, path, summary), wrapper.source, wrapper.objects, summary
@@ -202,6 +207,13 @@ def _finish(call: Callable, path: Path, summary) -> Callable:
     call.wrapper_path = path  # type: ignore[attr-defined]
     call.summary = summary  # type: ignore[attr-defined]
     return call
+
+
+def mutated_inputs(graph, steps: list) -> list[int]:
+    """The positions of the inputs some step writes into (a CUDA graph must not copy them)."""
+    written = {name for step in steps
+               for name in (step.writes if isinstance(step, KernelStep) else mutated_buffers(step))}  # fmt: skip
+    return [i for i, b in enumerate(graph.inputs) if b.name in written]
 
 
 def log_stages(timings: dict[str, float]) -> None:

@@ -38,7 +38,9 @@ class TritonBackend:
     name = "triton"
     source_suffix = "py"
     # block reductions combine in a tree, not in eager's CPU order
-    capabilities = Capabilities(unrenderable=UNRENDERABLE, ordered_reductions=False, blocks=BlockLimits())
+    capabilities = Capabilities(
+        unrenderable=UNRENDERABLE, ordered_reductions=False, blocks=BlockLimits(), nested_reductions=False
+    )
 
     def __init__(self, interpret: bool):
         self.interpret = interpret

@@ -31,7 +31,14 @@ log = logging.getLogger("ember")
 
 
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable:
-    """The `torch.compile(..., backend="ember")` entry point."""
+    """The `torch.compile(..., backend="ember")` entry point. torch.compile passes its `mode` and
+    `options` here: mode "reduce-overhead" turns CUDA graphs on; `options` are ember options."""
+    options = {**(options.pop("options", None) or {}), **options}
+    mode = options.pop("mode", None)
+    if mode not in (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+        raise ValueError(f'unknown torch.compile mode {mode!r} for backend="ember"')
+    if mode in ("reduce-overhead", "max-autotune"):  # as inductor's: both modes use CUDA graphs
+        options.setdefault("cuda_graphs", True)
     config = config_module.load(**options)
 
     def compiler(role: str) -> Callable:  # the role names the graph's debug dump

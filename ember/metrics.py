@@ -52,6 +52,10 @@ class Metrics:
     shape_specializations: int = 0  # static graphs compiled from a symbolic one (shape_specialization.py)
     verify_checks: int = 0  # EMBER_VERIFY: buffers compared with float64 eager (wrapper/verify.py)
     verify_mismatches: int = 0  # EMBER_VERIFY: calls in which a step differed
+    cuda_graphs_recorded: int = 0  # config.cuda_graphs: recordings made (runtime/cuda_graphs.py)
+    cuda_graph_replays: int = 0  # calls that replayed a recording
+    cuda_graph_skips: int = 0  # calls that ran without one (no recording fit, and no more may be made)
+    cuda_graph_refusals: int = 0  # graphs that run without CUDA graphs, each with a warning naming why
     pooled_buffers_reused: int = 0  # large CPU buffers lent again from the pool (runtime/memory.py)
 
     def add(self, **amounts: float) -> None:

@@ -184,3 +184,30 @@ def test_large_reduction_accuracy_at_the_default_threshold():
     x = torch.rand(100_000) + 1000
     check(lambda x: (x.sum(), x.mean()), x)
     assert ember.metrics.kernels_generated == 3  # partials of the sum, and two finals
+
+
+# ---- nested reductions (Note: nested reductions on the GPU, schedule/fusion.py) -------------
+
+
+@pytest.mark.parametrize("rows, classes", [(64, 10), (37, 130)])
+def test_cross_entropy_runs_per_row_then_a_small_sum(rows, classes):
+    torch.manual_seed(0)
+    logits, target = torch.randn(rows, classes), torch.randint(0, classes, (rows,))
+    logits[3, 2] = math.inf  # an inf logit, as eager: nan or inf loss
+    check(lambda x, t: torch.nn.functional.cross_entropy(x, t), logits.clone(), target)
+    check(lambda x, t: torch.nn.functional.cross_entropy(x, t), torch.randn(rows, classes), target)
+    # the per-row terms in one kernel (whose rows are its programs), then their mean in another
+    assert ember.metrics.kernels_generated >= 2 and ember.metrics.fallback_calls == 0
+    assert ember.metrics.fusion_refusals >= 1
+    _split(0)  # and with no splitting at all: still per row, then the mean
+    check(lambda x, t: torch.nn.functional.cross_entropy(x, t, label_smoothing=0.1), torch.randn(rows, classes), target)
+    assert ember.metrics.kernels_generated >= 2
+
+
+def test_nested_reduction_per_output_column():
+    """The outer reduction keeps its output dim: one mean of row norms per batch."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 50, 20)
+    check(lambda x: x.norm(dim=-1).mean(dim=1), x, rtol=1e-5)
+    check(lambda x: torch.logsumexp(x, -1).amax(1), x)
+    assert ember.metrics.fallback_calls == 0

@@ -133,7 +133,7 @@ class LoweringContext:
         read, eager = as_strided_read(a), dense_layout(meta, a.shape)
         if read is not None and eager is not None and not same_strides(read[1], eager):
             return self.realize(a, origin, eager, fresh=True)
-        return self.realize(a, origin)
+        return with_eager_unit_strides(self.realize(a, origin), meta)
 
     def _extern_output(self, meta: torch.Tensor) -> Buffer:
         """The buffer for an aten result, in the strides its fake tensor gives, unless those
@@ -146,3 +146,20 @@ class LoweringContext:
         repeats = any(st == 0 and size > 1 for size, st in zip(shape, stride))
         layout = Layout.contiguous(shape) if repeats else Layout(shape, stride, 0)
         return self.add_buffer(Buffer(self.new_name(), dtype, layout, "extern"))
+
+
+def with_eager_unit_strides(ref: BufferRef, meta: Any) -> BufferRef:
+    """`ref` with torch's strides along its size-1 dims: eager's where it has one, else what a
+    contiguous tensor has there (1 for the last dim). Such a stride never moves an address, so
+    ember's views leave it 0, but some kernels check it: cuDNN's attention backward wants stride 1
+    for the last dim of its (batch, heads, rows, 1) statistics."""
+    size, old = ref.layout.size, ref.layout.stride
+    eager = tuple(meta.stride()) if isinstance(meta, torch.Tensor) and tuple(meta.shape) == size else (0,) * len(size)
+    stride = list(old)
+    for i in reversed(range(len(size))):
+        if size[i] == 1:
+            inner = stride[i + 1] * max(size[i + 1], 1) if i + 1 < len(size) else 1
+            stride[i] = eager[i] or inner or 1
+    if tuple(stride) == old:
+        return ref
+    return BufferRef(ref.name, Layout(size, tuple(stride), ref.layout.offset), ref.dtype)

@@ -22,7 +22,13 @@ from torch.utils._pytree import tree_flatten
 
 from ember.errors import EmberError
 from ember.ir import Buffer, BufferRef, Layout, LoweredGraph, OutputSpec, contiguous_strides
-from ember.lower.context import MATMUL_OPS, LoweringContext, matmul_operand_layout, same_strides
+from ember.lower.context import (
+    MATMUL_OPS,
+    LoweringContext,
+    matmul_operand_layout,
+    same_strides,
+    with_eager_unit_strides,
+)
 from ember.lower.mutation import emit_input_mutations
 from ember.lower.registry import EXTERN_BY_DESIGN, FULL_PRECISION_ONLY, Unsupported, lookup
 from ember.lower.values import TensorValue, as_strided_read, axis, const_index, load
@@ -231,7 +237,11 @@ def _lower_outputs(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> list
             outputs.append(OutputSpec(None, value))
             continue
         if result not in realized:
-            realized[result] = _output_buffer(ctx, result, value, taken={r.name for r in realized.values()})
+            ref = _output_buffer(ctx, result, value, taken={r.name for r in realized.values()})
+            # a saved tensor goes to the backward's externs (cuDNN attention checks size-1 strides)
+            realized[result] = with_eager_unit_strides(
+                ref, result.meta.get("val") if isinstance(result, torch.fx.Node) else None
+            )
             if isinstance(result, torch.fx.Node) and realized[result].name not in ctx.graph.holds:
                 ctx.graph.holds[realized[result].name] = (result.name, realized[result].layout)
         outputs.append(OutputSpec(realized[result]))

@@ -30,6 +30,7 @@ class GraphSummary:
     explanation: str = ""
     pass_rewrites: dict[str, int] = field(default_factory=dict)  # FX pass -> nodes rewritten (ember/passes)
     tiled_kernels: int = 0  # C++ kernels with 2-D tiles (codegen/tiling.py)
+    mutated_inputs: list[int] = field(default_factory=list)  # inputs the graph writes into (runtime/cuda_graphs.py)
     inputs_written_in_place: int = 0  # (Note: inputs written in place, lower/mutation.py)
 
 

@@ -52,13 +52,17 @@ class Schedule:
     work: ScheduleWork = field(default_factory=ScheduleWork)
 
 
-def schedule(graph: LoweredGraph, fusion: bool = True) -> Schedule:
+def schedule(graph: LoweredGraph, fusion: bool = True, nested_reductions: bool = True) -> Schedule:
+    """`nested_reductions`: whether a kernel may hold a reduction inside another's loop
+    (`Capabilities.nested_reductions`)."""
     nodes = eliminate_dead(build_nodes(graph), graph)
     # an input stored in place is written like an output, and allocates nothing
     outputs = {o.ref.name for o in graph.outputs if o.ref is not None} | set(graph.mutated_inputs)
     nbytes = {c.name: c.buffer.layout.storage_size * c.buffer.dtype.itemsize if c.buffer.kind != "input" else 0
               for c in _computed(nodes)}  # fmt: skip
-    state = FusionState([Group([n]) for n in nodes], outputs, nbytes)  # the program order is topological
+    state = FusionState(
+        [Group([n]) for n in nodes], outputs, nbytes, nested_reductions
+    )  # the program order is topological
     if fusion:
         state = fuse(state)
     steps: list[Step] = []

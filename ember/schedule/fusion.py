@@ -61,8 +61,10 @@ class FusionState:
     """The groups in order (order.py keeps them and their memory up to date), with every
     refusal and the work done."""
 
-    def __init__(self, groups: list[Group], outputs: set[str], nbytes: dict[str, int]):
+    def __init__(self, groups: list[Group], outputs: set[str], nbytes: dict[str, int], nested_reductions: bool = True):
         self.work = ScheduleWork()
+        # may one kernel hold a reduction inside another's loop? (Note: nested reductions on the GPU)
+        self.nested_reductions = nested_reductions
         self.order = ScheduleOrder(groups, outputs, nbytes, self.work)
         self.outputs, self.nbytes = outputs, nbytes
         self.refusals: list[WhyNoFuse] = []
@@ -153,6 +155,8 @@ def why_no_fuse(state: FusionState, a: Group, b: Group) -> str | Fused:
         return f"the reduction in {recomputed} would be recomputed for every element of an inner loop"
     if (unsafe := unsafe_in_place_read([n.step for n in members], bodies, alignment)) is not None:
         return unsafe
+    if not state.nested_reductions and (outer := nested_reduction(bodies)) is not None:
+        return f"the reduction in {outer} would hold another in its loop (one GPU program for all of it)"
     fused.alignment, fused.bodies = alignment, bodies
     plan = state.order.plan(a, b, fused)
     if all(split_reduction_member(state, n) for n in members):
@@ -181,6 +185,28 @@ def reads_partials(producer: Group, consumer: Group) -> str | None:
     partials = {n.name for n in producer.nodes if isinstance(n.step, ComputedBuffer) and n.step.split_partials}
     read = partials & consumer.reads
     return next(iter(sorted(read))) if read else None
+
+
+# Note: nested reductions on the GPU
+# Fusing a row-wise reduction into a reduction over those rows (cross-entropy's mean of per-row
+# log-softmax terms; x.sum(1).amax()) makes a kernel that reduces inside another reduction's
+# loop. The C++ renderer runs that as nested loops over all threads; a Triton kernel's programs
+# walk its outputs, so one program would walk every row, each row's inner reduction inside it
+# (8192 rows of 32000 logits ran at 14 GB/s, 0.5% of copy bandwidth). A block backend says so
+# (`Capabilities.nested_reductions`) and the scheduler refuses such fusions: the row-wise kernel
+# runs with a program per block of rows, and the outer reduction reads its small result (split
+# in turn when it is long, lower/split_reductions.py).
+
+
+def nested_reduction(bodies: dict) -> str | None:
+    """The member whose body would reduce over values that themselves reduce, per position of
+    the outer reduction's loop (cross-entropy's mean of per-row logsumexps)."""
+    for name, body in bodies.items():
+        for u in body.toposort:
+            if u.op is Ops.REDUCE and any(v is not u and v.op is Ops.REDUCE and v.ranges & set(u.src[1:])
+                                          for v in u.src[0].toposort):  # fmt: skip
+                return name
+    return None
 
 
 def recomputed_reduction(bodies: dict, alignment: tuple) -> str | None:

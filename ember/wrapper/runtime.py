@@ -22,6 +22,10 @@ profiler_active = torch._C._autograd._profiler_enabled
 record_function = torch.profiler.record_function
 _profiled_lock = threading.Lock()
 
+# What a CUDA-graph runner watches on this thread (Note: CUDA graphs, runtime/cuda_graphs.py):
+# `probe` during a warm-up call, `recorder` (a list) while a call is being recorded.
+capture_state = threading.local()
+
 
 def profiled_call(module: dict, *args):
     """Run the module's profiled `call` variant, compiling it at its first use."""
@@ -57,6 +61,10 @@ def random_seed() -> torch.Tensor:
 def random_seed_value() -> int:
     """`random_seed()` as an int, for Triton kernels (which take it by value): the same draw
     from the same (CPU) generator, so a CPU and a CUDA graph see the same seed."""
+    if getattr(capture_state, "probe", None) is not None:
+        capture_state.probe.random = True
+    if getattr(capture_state, "recorder", None) is not None:
+        raise RuntimeError("a recorded CUDA graph would repeat this random seed at every replay")
     return int(torch.randint(SEED_BOUND, (1,), dtype=torch.int64).item())
 
 
@@ -133,6 +141,10 @@ class GpuErrorFlags:
         return self.flags[i : i + 1]
 
     def check(self, errors: list[list[tuple[str, str]]]) -> None:
+        recorder = getattr(capture_state, "recorder", None)
+        if recorder is not None:  # being recorded as a CUDA graph: the runner checks after each replay
+            recorder.append((self, errors))
+            return
         for slot, code in enumerate(self.flags.tolist()):
             if code:
                 kind, message = errors[slot][code - 1]

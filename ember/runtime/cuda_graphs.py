@@ -1,0 +1,270 @@
+"""Runtime: a compiled CUDA graph's launches recorded once as a CUDA graph and replayed.
+
+Takes the loaded wrapper's `call` (boxed: a list of inputs in, a list of outputs out) and gives a
+callable of the same kind. Used when `config.cuda_graphs` is on (EMBER_CUDA_GRAPHS=1, or
+`torch.compile(..., backend="ember", mode="reduce-overhead")`).
+
+Note: CUDA graphs
+    A small model's call is dominated by launching its kernels (a few microseconds of Python and
+    driver work each); a CUDA graph launches all of them at once. Replaying one is correct only
+    while every address it baked in holds what this call means, so a `CudaGraphRunner`:
+      - runs the first call as is (a warm-up: Triton's autotuning, cuBLAS's workspace, lazily
+        moved constants), watching what the call does that a graph cannot replay: CPU tensor
+        inputs, random ops (ember's Triton kernels take their seed by value, so a replay would
+        repeat the same numbers). Such a graph runs as is ever after, with one warning naming why;
+      - records at the second call. An input is read where it lies (its address is baked in)
+        until a call brings it at another address: from then on it is copied into a buffer of
+        the recording (a "static input") before each replay, and the graph is recorded again.
+        Parameters and a backward's saved activations keep their addresses, so they are never
+        copied; a fresh batch is. An input the graph writes into is always read where it lies
+        (a copy would take the write), so a new address for it records the graph again;
+      - returns outputs that stay right while the user holds them: a small output (its storage
+        at most `COPY_OUT_BYTES`) is copied out of the recording's memory at every call; a large
+        one is handed out as is, and the next call replays into it only once nothing outside the
+        runner holds its storage (the storage's use count, as runtime/memory.py's pool checks);
+        while one is held, the call uses another recording (at most `MAX_RECORDINGS`, each with
+        its own memory pool) or, past that, runs without a graph. Outputs that alias an input
+        are rebuilt as views of the caller's input. Outputs that share a storage still share one;
+      - checks the kernels' error flags after each replay (the flags live in the recording; their
+        zeroing is recorded too), so a bad index still raises;
+      - orders replays from several threads: one lock per runner around picking a recording,
+        copying inputs and replaying, and each replay's stream waits for the previous replay of
+        that recording to finish (static inputs are overwritten only after it read them).
+    Every recording, replay and refusal is counted in `ember.metrics` (cuda_graph_*).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ember.metrics import metrics
+from ember.wrapper.runtime import capture_state
+
+log = logging.getLogger("ember")
+
+COPY_OUT_BYTES = 1 << 20  # outputs on storages this small are copied out at every call
+MAX_RECORDINGS = 4  # recordings per runner (each holds its own memory pool)
+
+
+def _use_count(storage: torch.UntypedStorage) -> int:
+    return torch._C._storage_Use_Count(storage._cdata)
+
+
+@dataclass
+class _Output:
+    """How one output is rebuilt after a replay."""
+
+    kind: str  # "value" (not a tensor), "input" (a view of input `index`), "copied" or "held" (in the pool)
+    value: Any = None
+    index: int = 0  # the input it views, or the pool storage it lies on
+    size: tuple = ()
+    stride: tuple = ()
+    offset: int = 0  # in elements, from the start of its storage
+    dtype: torch.dtype | None = None
+
+
+@dataclass
+class _Recording:
+    graph: torch.cuda.CUDAGraph
+    inputs: list  # what the recording reads: the caller's tensors (by address) or static copies
+    addresses: dict[int, tuple]  # input index -> (data_ptr, shape, stride) baked in (read where they lie),
+    # or ("value", v) for a non-tensor input (its value is baked in)
+    copied: list[int]  # the inputs copied into static buffers before each replay
+    storages: list[torch.UntypedStorage]  # pool storages the outputs lie on
+    outputs: list[_Output]
+    error_checks: list = field(default_factory=list)  # (GpuErrorFlags, errors) recorded in it
+    done: torch.cuda.Event | None = None  # recorded after its last replay
+
+    def matches(self, args: list) -> bool:
+        return all(_placement(args[i]) == placed for i, placed in self.addresses.items())
+
+    def outputs_free(self) -> bool:
+        """Nothing outside the runner holds a storage its large outputs lie on."""
+        return all(_use_count(self.storages[o.index]) == 1 for o in self.outputs if o.kind == "held")
+
+
+def _placement(x: Any) -> tuple:
+    if not isinstance(x, torch.Tensor):
+        return ("value", x)
+    return x.data_ptr(), tuple(x.shape), tuple(x.stride())
+
+
+class CudaGraphRunner:
+    """`call` replayed from CUDA graphs (Note: CUDA graphs). `mutated_inputs`: the indices of the
+    inputs the graph writes into."""
+
+    def __init__(self, call: Callable, mutated_inputs: frozenset[int], name: str) -> None:
+        self.call, self.mutated_inputs, self.name = call, mutated_inputs, name
+        self._boxed_call = True
+        for attribute in ("wrapper_path", "summary"):
+            if hasattr(call, attribute):
+                setattr(self, attribute, getattr(call, attribute))
+        self._lock = threading.Lock()
+        self._warmed_up = False
+        self.refused: str | None = None  # why this graph runs without a CUDA graph
+        self._copied: set[int] = set()  # inputs copied into static buffers (they moved between calls)
+        self._recordings: list[_Recording] = []
+        self._records = 0
+
+    def __call__(self, args: list) -> list:
+        if self.refused is not None:
+            return self.call(args)
+        with self._lock:
+            if not self._warmed_up:
+                return self._warm_up(args)
+            recording = self._pick(args)
+            if recording is None:
+                metrics.add(cuda_graph_skips=1)
+                return self.call(args)
+            return self._replay(recording, args)
+
+    def _warm_up(self, args: list) -> list:
+        host = [(i, x.device) for i, x in enumerate(args) if isinstance(x, torch.Tensor) and x.device.type != "cuda"]
+        probe = capture_state.probe = _Probe()
+        try:
+            outputs = self.call(args)
+        finally:
+            capture_state.probe = None
+        self._warmed_up = True
+        if host:
+            self._refuse(f"input {host[0][0]} is on {host[0][1]} (a CUDA graph reads device memory only)")
+        elif probe.random:
+            self._refuse("it draws random numbers (dropout, rand): ember's Triton kernels take their seed by value, "
+                         "so a replay would repeat the same numbers")  # fmt: skip
+        return outputs
+
+    def _refuse(self, reason: str) -> None:
+        self.refused = reason
+        metrics.add(cuda_graph_refusals=1)
+        log.warning("ember: %s graph runs without CUDA graphs: %s", self.name, reason)
+
+    def _pick(self, args: list) -> _Recording | None:
+        """A recording this call can replay, recording one if none can."""
+        moved = False
+        for recording in self._recordings:
+            if not recording.matches(args):
+                moved = True
+                continue
+            if recording.outputs_free():
+                return recording
+        if moved:  # an input came at another address: copy it from now on, unless the graph writes it
+            for recording in self._recordings:
+                self._copied |= {i for i, placed in recording.addresses.items() if _placement(args[i]) != placed
+                                 and isinstance(args[i], torch.Tensor) and i not in self.mutated_inputs}  # fmt: skip
+        if self._records >= MAX_RECORDINGS * 2:
+            if self._records == MAX_RECORDINGS * 2:
+                self._records += 1
+                log.warning(
+                    "ember: %s graph recorded %d times (inputs keep moving, or outputs are held); "
+                    "later calls that match no recording run without a graph",
+                    self.name,
+                    MAX_RECORDINGS * 2,
+                )
+            return None
+        fresh = self._record(args)
+        if fresh is not None:  # recordings that read a now-copied input where it lay are obsolete
+            kept = [r for r in self._recordings if not r.addresses.keys() & self._copied]
+            self._recordings = kept[-(MAX_RECORDINGS - 1) :] + [fresh]
+        return fresh
+
+    def _record(self, args: list) -> _Recording | None:
+        inputs = list(args)
+        addresses, copied = {}, []
+        for i, x in enumerate(args):
+            if isinstance(x, torch.Tensor) and i in self._copied:
+                inputs[i] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+                copied.append(i)
+            else:
+                addresses[i] = _placement(x)
+        graph = torch.cuda.CUDAGraph()
+        checks: list = []
+        capture_state.recorder = checks
+        try:
+            with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(), capture_error_mode="thread_local"):
+                outputs = self.call(list(inputs))
+        except Exception as e:  # a graph that cannot be recorded runs as it is
+            self._refuse(f"recording failed: {type(e).__name__}: {e}")
+            return None
+        finally:
+            capture_state.recorder = None
+        self._records += 1
+        metrics.add(cuda_graphs_recorded=1)
+        storages, rebuilt = _describe_outputs(outputs, inputs)
+        return _Recording(graph, inputs, addresses, copied, storages, rebuilt, checks)
+
+    def _replay(self, recording: _Recording, args: list) -> list:
+        stream = torch.cuda.current_stream()
+        if recording.done is not None:
+            stream.wait_event(recording.done)
+        for i in recording.copied:
+            recording.inputs[i].copy_(args[i])
+        recording.graph.replay()
+        outputs = _rebuild_outputs(recording, args)
+        recording.done = torch.cuda.Event()
+        recording.done.record(stream)
+        metrics.add(cuda_graph_replays=1)
+        for flags, errors in recording.error_checks:
+            flags.check(errors)
+        args.clear()
+        return outputs
+
+
+class _Probe:
+    """What a warm-up call did that a recording cannot replay (set by wrapper/runtime.py)."""
+
+    random = False
+
+
+def _describe_outputs(outputs, inputs: list) -> tuple[list[torch.UntypedStorage], list[_Output]]:
+    """How each output of a recording is handed out (Note: CUDA graphs)."""
+    input_storages = {x.untyped_storage().data_ptr(): i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)}
+    storages: list[torch.UntypedStorage] = []
+    by_pointer: dict[int, int] = {}
+    described = []
+    for out in outputs:
+        if not isinstance(out, torch.Tensor):
+            described.append(_Output("value", value=out))
+            continue
+        storage = out.untyped_storage()
+        layout: dict[str, Any] = dict(
+            size=tuple(out.shape), stride=tuple(out.stride()), offset=out.storage_offset(), dtype=out.dtype
+        )
+        if storage.data_ptr() in input_storages:
+            index = input_storages[storage.data_ptr()]
+            layout["offset"] -= inputs[index].storage_offset()
+            described.append(_Output("input", index=index, **layout))
+            continue
+        if storage.data_ptr() not in by_pointer:
+            by_pointer[storage.data_ptr()] = len(storages)
+            storages.append(storage)
+        kind = "copied" if storage.nbytes() <= COPY_OUT_BYTES else "held"
+        described.append(_Output(kind, index=by_pointer[storage.data_ptr()], **layout))
+    return storages, described
+
+
+def _rebuild_outputs(recording: _Recording, args: list) -> list:
+    copies: dict[int, torch.UntypedStorage] = {}
+    outputs = []
+    for o in recording.outputs:
+        if o.kind == "value":
+            outputs.append(o.value)
+            continue
+        if o.kind == "input":
+            x = args[o.index]
+            outputs.append(x.as_strided(o.size, o.stride, x.storage_offset() + o.offset))
+            continue
+        storage = recording.storages[o.index]
+        if o.kind == "copied":
+            if o.index not in copies:
+                copy = torch.UntypedStorage(storage.nbytes(), device=storage.device)
+                copy.copy_(storage)
+                copies[o.index] = copy
+            storage = copies[o.index]
+        outputs.append(torch.empty(0, dtype=o.dtype, device=storage.device).set_(storage, o.offset, o.size, o.stride))
+    return outputs

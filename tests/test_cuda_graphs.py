@@ -1,0 +1,191 @@
+"""CUDA graphs (runtime/cuda_graphs.py, Note: CUDA graphs): replays are right when inputs move,
+outputs are held, outputs alias, inputs are written, threads share a graph, kernels report
+errors; graphs that cannot be replayed run as they are with a reason. The GPU tests run on the
+GPU machine; the option's plumbing is tested on the CPU too."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import ember
+from ember.metrics import metrics
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+
+
+def compiled(fn, **options):
+    torch._dynamo.reset()
+    metrics.reset()
+    return torch.compile(fn, backend="ember", mode="reduce-overhead", dynamic=False, options=options or None)
+
+
+def test_reduce_overhead_mode_on_cpu_graphs_changes_nothing():
+    f = compiled(lambda x: (x * 2).sin())
+    x = torch.randn(64)
+    for _ in range(3):
+        torch.testing.assert_close(f(x), (x * 2).sin())
+    assert metrics.cuda_graphs_recorded == 0 and metrics.cuda_graph_refusals == 0
+    assert metrics.graphs_compiled == 1
+
+
+def test_unknown_mode_is_refused_by_name():
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x + 1, backend="ember", mode="fastest")
+    with pytest.raises(Exception, match="unknown torch.compile mode 'fastest'"):
+        f(torch.ones(2))
+
+
+def test_options_dict_reaches_ember_config():
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x + 1, backend="ember", options={"no_such_option": 1})
+    with pytest.raises(Exception, match="no_such_option"):
+        f(torch.ones(2))
+
+
+@cuda
+def test_mlp_inference_replays_with_fresh_inputs_each_call():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 32)).cuda()
+    f = compiled(model)
+    with torch.no_grad():
+        for _ in range(6):
+            x = torch.randn(8, 64, device="cuda")
+            torch.testing.assert_close(f(x), model(x), rtol=1e-4, atol=1e-4)
+    assert metrics.cuda_graph_replays >= 4
+    assert 1 <= metrics.cuda_graphs_recorded <= 2  # a second one once the input moved
+    assert metrics.cuda_graph_refusals == 0
+
+
+@cuda
+def test_held_large_outputs_are_never_overwritten():
+    f = compiled(lambda x: x * 2 + 1)
+    inputs = [torch.randn(1 << 20, device="cuda") for _ in range(5)]  # 4 MiB outputs: handed out as they are
+    outputs = [f(x) for x in inputs]  # every output still held when the next call replays
+    for x, out in zip(inputs, outputs):
+        torch.testing.assert_close(out, x * 2 + 1)
+    assert metrics.cuda_graph_replays >= 2
+
+
+@cuda
+def test_outputs_sharing_a_storage_still_share_it():
+    def f(a):
+        b = a * 2
+        return b, b[1:]
+
+    g = compiled(f)
+    for size in (4, 1 << 19):  # copied out (small) and handed out (large)
+        a = torch.randn(size, 8, device="cuda")
+        for _ in range(3):
+            out, view = g(a)
+            out[1, 0] = 1234.0
+            assert view[0, 0].item() == 1234.0
+            torch.testing.assert_close(out[2:], a[2:] * 2)
+
+
+@cuda
+def test_inputs_the_graph_writes_are_written_at_every_call():
+    def f(x):
+        x.add_(1)
+        return x * 2
+
+    g = compiled(f)
+    for _ in range(4):
+        x = torch.randn(1000, device="cuda")
+        expected = x + 1
+        out = g(x)
+        torch.testing.assert_close(x, expected)
+        torch.testing.assert_close(out, expected * 2)
+
+
+@cuda
+def test_training_step_matches_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.Tanh(), torch.nn.Linear(128, 1)).cuda()
+    twin = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.Tanh(), torch.nn.Linear(128, 1)).cuda()
+    twin.load_state_dict(model.state_dict())
+    step = compiled(lambda x, y: torch.nn.functional.mse_loss(model(x), y))
+    opt, twin_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(twin.parameters(), lr=0.1)
+    for _ in range(6):
+        x, y = torch.randn(16, 32, device="cuda"), torch.randn(16, 1, device="cuda")
+        loss = step(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        twin_loss = torch.nn.functional.mse_loss(twin(x), y)
+        twin_loss.backward()
+        twin_opt.step()
+        twin_opt.zero_grad()
+        torch.testing.assert_close(loss, twin_loss, rtol=1e-4, atol=1e-5)
+    assert metrics.cuda_graph_replays >= 6  # forward and backward graphs
+    assert metrics.cuda_graph_refusals == 0
+
+
+@cuda
+def test_random_graph_runs_without_a_graph_and_says_why(caplog):
+    f = compiled(lambda x: torch.nn.functional.dropout(x, 0.5, training=True) * 2)
+    x = torch.ones(4096, device="cuda")
+    with caplog.at_level("WARNING", logger="ember"):
+        outs = [f(x) for _ in range(3)]
+    assert metrics.cuda_graph_refusals == 1 and metrics.cuda_graphs_recorded == 0
+    assert "random" in caplog.text
+    assert not torch.equal(outs[1], outs[2])  # fresh numbers at every call
+
+
+@cuda
+def test_bad_index_raises_after_a_replay():
+    weight = torch.randn(10, 4, device="cuda")
+    f = compiled(lambda i: torch.nn.functional.embedding(i, weight) * 2)
+    good = torch.tensor([1, 2, 3], device="cuda")
+    for _ in range(3):
+        torch.testing.assert_close(f(good), weight[good] * 2)
+    assert metrics.cuda_graph_replays >= 1
+    with pytest.raises(IndexError):
+        f(torch.tensor([1, 20, 3], device="cuda"))
+    torch.testing.assert_close(f(good), weight[good] * 2)
+
+
+@cuda
+def test_threads_sharing_a_graph_get_their_own_results():
+    f = compiled(lambda x: (x * 3).cos() + x)
+    f(torch.randn(1 << 16, device="cuda"))  # warm up and record before the threads start
+    f(torch.randn(1 << 16, device="cuda"))
+    wrong = []
+
+    def work(seed: int) -> None:
+        generator = torch.Generator(device="cuda").manual_seed(seed)
+        for _ in range(50):
+            x = torch.randn(1 << 16, device="cuda", generator=generator)
+            out = f(x)
+            if not torch.allclose(out, (x * 3).cos() + x, rtol=1e-4, atol=1e-4):
+                wrong.append(seed)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+    assert metrics.cuda_graph_replays >= 100
+
+
+@cuda
+def test_cpu_input_is_refused_with_a_reason(caplog):
+    f = compiled(lambda x, s: x * s)
+    with caplog.at_level("WARNING", logger="ember"):
+        for _ in range(3):
+            out = f(torch.ones(8, device="cuda"), torch.tensor(3.0))
+    torch.testing.assert_close(out, torch.full((8,), 3.0, device="cuda"))
+    assert metrics.cuda_graph_refusals == 1 and "cpu" in caplog.text
+
+
+@cuda
+def test_ember_compile_takes_the_mode_too():
+    torch._dynamo.reset()
+    metrics.reset()
+    f = ember.compile(lambda x: x.relu() * 2, mode="reduce-overhead")
+    for _ in range(3):
+        x = torch.randn(100, device="cuda")
+        torch.testing.assert_close(f(x), x.relu() * 2)
+    assert metrics.cuda_graph_replays >= 1

@@ -1,0 +1,85 @@
+"""Arguments of aten calls (externs) in the strides eager gives them, size-1 dims included:
+cuDNN's attention backward rejects a (batch, heads, rows, 1) statistics tensor whose last stride
+is not 1, and ember's views leave a size-1 dim's stride 0 (lower/context.py
+`with_eager_unit_strides`)."""
+
+from __future__ import annotations
+
+import torch
+
+from ember.metrics import metrics
+from tests.helpers import compile_fn
+
+
+@torch.library.custom_op("ember_test::strict_unit_stride", mutates_args=())
+def strict_unit_stride(x: torch.Tensor) -> torch.Tensor:
+    if x.stride(-1) != 1:  # as cuDNN's frontend checks
+        raise RuntimeError(f"the last dim must have stride 1, got strides {x.stride()}")
+    return x * 2
+
+
+@strict_unit_stride.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("ember_test::attention_like", mutates_args=())
+def attention_like(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two results, the second (batch, heads, rows, 1) as cuDNN attention's statistics."""
+    return x * 2, x.sum(-1, keepdim=True)
+
+
+@attention_like.register_fake
+def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x), x.new_empty((*x.shape[:-1], 1))
+
+
+def test_size_one_dims_keep_eager_strides():
+    def f(x, y):
+        z = x + y  # an output, so a buffer of its own shape that the unsqueeze views
+        return strict_unit_stride(z.unsqueeze(-1)) + 1, z
+
+    compiled = compile_fn(f)
+    for shape in ((5,), (3, 7), (2, 3, 4)):
+        x, y = torch.randn(shape), torch.randn(shape)
+        metrics.reset()
+        out, z = compiled(x, y)
+        torch.testing.assert_close(out, (x + y).unsqueeze(-1) * 2 + 1)
+        torch.testing.assert_close(z, x + y)
+        assert metrics.extern_calls >= 1 and metrics.graphs_failed == 0
+
+
+def test_size_one_dims_of_inputs_keep_eager_strides():
+    f = compile_fn(lambda x: strict_unit_stride(x.unsqueeze(-1)[1:]))
+    x = torch.randn(6, 4)
+    torch.testing.assert_close(f(x), x.unsqueeze(-1)[1:] * 2)
+
+
+def test_outputs_keep_eager_strides_on_size_one_dims():
+    """A forward's saved tensor reaches the backward's externs as the forward returned it."""
+
+    def f(x):
+        z = x * 2
+        return z, z.unsqueeze(-1), z.unsqueeze(0)[:, 1:], strict_unit_stride(x.unsqueeze(-1))
+
+    compiled = compile_fn(f)
+    for shape in ((5,), (3, 7)):
+        x = torch.randn(shape)
+        for got, want in zip(compiled(x), f(x)):
+            torch.testing.assert_close(got, want)
+            assert got.stride() == want.stride(), (got.stride(), want.stride())
+
+
+def test_a_second_aten_result_returned_keeps_eager_strides():
+    """The case of cuDNN attention's statistics, saved for the backward (fails on 77968f1:
+    strides (32, 8, 1, 0))."""
+
+    def f(x):
+        out, stats = attention_like(x)
+        return out + 1, stats
+
+    compiled = compile_fn(f)
+    x = torch.randn(2, 4, 8, 16)
+    for got, want in zip(compiled(x), f(x)):
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride(), (got.stride(), want.stride())
