@@ -16,7 +16,6 @@ checks the parameters against eager's after the timed steps. The whole training 
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 from collections.abc import Callable

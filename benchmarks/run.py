@@ -137,6 +137,7 @@ def optimizer_step(workload: suite.Workload, compiler: str, dtype: torch.dtype |
 
     mode = COMPILE_MODE["mode"]
     step = whole_step if compiler == "eager" else torch.compile(whole_step, backend=compiler, dynamic=False, mode=mode)
+
     def run() -> torch.Tensor:
         return step()
 
@@ -672,8 +673,12 @@ def first_line(error: Any) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=sorted(SUITES), default="default",
-                        help="default: benchmarks/suite.py; real: real models at real sizes (benchmarks/real_models.py)")
+    parser.add_argument(
+        "--suite",
+        choices=sorted(SUITES),
+        default="default",
+        help="default: benchmarks/suite.py; real: real models, real sizes (benchmarks/real_models.py)",
+    )
     parser.add_argument("--models", help="comma-separated workloads (default: all of the suite)")
     parser.add_argument("--compilers", default=",".join(COMPILERS), help="among eager,inductor,ember")
     parser.add_argument("--repeat", type=int, default=30, help="timing rounds (at most)")
