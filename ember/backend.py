@@ -35,7 +35,6 @@ class Capabilities:
     unrenderable: frozenset[Ops] = frozenset()  # ops its renderer has no spelling for: calls go to aten
     ordered_reductions: bool = True  # reductions fold elements in order, as eager's CPU kernels
     blocks: BlockLimits | None = None  # a block backend's limits (codegen/blocks.py decides from them); None: loops
-    nested_reductions: bool = True  # a kernel may reduce inside another reduction's loop (Triton: one program would)
 
 
 @dataclass

@@ -99,7 +99,10 @@ def _compile_graph(
     _record(summary, timings)
     _log_summary(summary, role, key)
     if config.cuda_graphs and graph_device(gm, example_inputs).type == "cuda":
-        call = CudaGraphRunner(call, frozenset(summary.mutated_inputs), f"{role} {key[:8]}")
+        runner = CudaGraphRunner(call, frozenset(summary.mutated_inputs), f"{role} {key[:8]}")
+        if summary.collectives:  # a wait is a host-side wait on the process group's work: not replayable
+            runner.refuse("it holds collectives (Note: collectives in the graph, schedule/collectives.py)")
+        call = runner
     return call
 
 
@@ -133,7 +136,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         backend.prepare(graph, lowering, config)
     debug.write("ir.txt", describe_ir(graph))
     with stage("schedule", timings):
-        scheduled = schedule(graph, fusion=config.fusion, nested_reductions=backend.capabilities.nested_reductions)
+        scheduled = schedule(graph, fusion=config.fusion, blocks=backend.capabilities.blocks is not None)
         steps = scheduled.steps
     metrics.tally("schedule_work", vars(scheduled.work))
     origins = step_origins(gm, graph.holds, steps)
@@ -147,8 +150,8 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         record.aten_graph, record.timings, record.device = gm.print_readable(print_output=False), timings, str(device)
         labels = record.record_steps(graph, scheduled, origins, generated.binaries, labels, debug.captured)
     with stage("wrapper", timings):
-        host_inputs = frozenset(b.name for b, x in zip(graph.inputs, example_inputs)
-                                if isinstance(x, torch.Tensor) and x.device != device)  # fmt: skip
+        tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]  # (graph.inputs: the tensor ones)
+        host_inputs = frozenset(b.name for b, x in zip(graph.inputs, tensors) if x.device != device)
         wrapper = generate_wrapper(
             graph,
             steps,
@@ -177,6 +180,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         reduce_loops=generated.reduce_loops, fallback_ops=list(lowering.fallback_ops), explanation=explanation,
         tiled_kernels=generated.tiled_kernels, mutated_inputs=mutated_inputs(graph, steps),
         inputs_written_in_place=len(graph.mutated_inputs),
+        collectives=len(scheduled.overlaps), overlapped_kernels=sum(o.kernels for o in scheduled.overlaps),
     )  # fmt: skip
     call = record.in_profiler_range(call) if record is not None else call
     return _finish(call, path, summary), wrapper.source, wrapper.objects, summary
@@ -233,6 +237,8 @@ def _record(summary, timings: dict[str, float]) -> None:
         extern_calls=summary.extern_calls,
         reduce_loops=summary.reduce_loops,
         fallback_calls=len(summary.fallback_ops),
+        collective_calls=summary.collectives,
+        collective_overlap_kernels=summary.overlapped_kernels,
     )
     metrics.tally("compile_seconds", timings)
     metrics.tally("fallback_ops", Counter(summary.fallback_ops))

@@ -1,7 +1,8 @@
 """The Triton backend (Note: backends, backend.py): each kernel through the shared codegen steps
 (codegen/phases.block_rewrite: REDUCE and SCAN stay, for block reductions), a block plan
-(codegen/blocks.py: from the limits the backend declares), renderer/triton.py,
-and a module in the cache that Triton compiles at its first launch.
+(codegen/blocks.py: from the limits the backend declares), block lowering of each variant
+(codegen/block_lowering.py), the shared linearizer, renderer/triton.py, and a module in the cache
+that Triton compiles at its first launch.
 
 compile_graph picks the backend per graph from its inputs' device (`backend_for`): CUDA inputs
 go to Triton; CPU inputs to C++, unless `config.backend == "triton"`, which runs Triton
@@ -14,9 +15,10 @@ from pathlib import Path
 
 import ember
 from ember.backend import Capabilities, GeneratedKernels, has_work
-from ember.codegen.blocks import BlockLimits, plan_blocks
+from ember.codegen.blocks import BlockLimits, BlockPlan, plan_blocks
 from ember.codegen.kernel import build_kernel_ast
-from ember.codegen.phases import block_rewrite, number_ranges
+from ember.codegen.linearize import linearize
+from ember.codegen.phases import block_lowering, block_rewrite, number_ranges
 from ember.config import Config
 from ember.debug.log import DebugDump
 from ember.errors import EmberError, stage
@@ -29,6 +31,7 @@ from ember.renderer.triton_math import UNRENDERABLE
 from ember.renderer.triton_module import render_triton
 from ember.runtime.triton import write_module
 from ember.schedule import KernelStep
+from ember.uop.ops import UOp
 from ember.wrapper.python import KernelBinary
 
 
@@ -38,9 +41,7 @@ class TritonBackend:
     name = "triton"
     source_suffix = "py"
     # block reductions combine in a tree, not in eager's CPU order
-    capabilities = Capabilities(
-        unrenderable=UNRENDERABLE, ordered_reductions=False, blocks=BlockLimits(), nested_reductions=False
-    )
+    capabilities = Capabilities(unrenderable=UNRENDERABLE, ordered_reductions=False, blocks=BlockLimits())
 
     def __init__(self, interpret: bool):
         self.interpret = interpret
@@ -78,13 +79,21 @@ def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool 
         kernel = generated.get(key) if generated is not None else None
         if kernel is None:
             sink = block_rewrite(key[0], check_ir)
-            kernel = render_triton(f"triton_{sink.key[:16]}", sink, plan_blocks(sink, limits), ast.outputs, scalars)
+            plan = plan_blocks(sink, limits)
+            programs = block_programs(sink, plan, check_ir)
+            kernel = render_triton(f"triton_{sink.key[:16]}", programs, plan, ast.outputs, scalars)
             if generated is not None:
                 generated[key] = kernel
         return kernel, ast.arguments(kernel.params)
     except Exception as e:
         origins = ", ".join(o for c in step.group for o in c.origins)
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e
+
+
+def block_programs(sink: UOp, plan: BlockPlan, check_ir: bool = False) -> dict[str, list[UOp]]:
+    """Each variant of `plan`: the kernel lowered to blocks (Note: block lowering), checked
+    against the spec's block stage when `check_ir`, linearized."""
+    return {variant: linearize(block_lowering(sink, plan, variant, check_ir)) for variant in plan.variants}
 
 
 def compile_triton_kernels(rendered: dict[int, tuple[RenderedKernel, tuple[str, ...]]], config: Config,

@@ -8,6 +8,7 @@ into the bodies of the buffers that read them.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +115,13 @@ class IndexedStore:
         return UOp(Ops.SINK, dtypes.void, (self.index, self.value))
 
 
+class Communication(enum.Enum):
+    """An extern's part in a collective (Note: collectives in the graph, schedule/collectives.py)."""
+
+    START = "start"  # issues a collective (all_reduce, all_gather_into_tensor, ...): returns before it is done
+    WAIT = "wait"  # wait_tensor: returns its argument once the collective that produces it is done
+
+
 @dataclass
 class ExternCall:
     """A call of an aten op on realized buffers. `args`/`kwargs` hold `BufferRef`s for tensors."""
@@ -126,6 +134,10 @@ class ExternCall:
     output_positions: tuple[int, ...] = ()  # leaf index of each output in a tuple result
     origin: str = ""
     is_fallback: bool = True
+    communication: Communication | None = None
+    # a WAIT: the buffers its collective reads while in flight, alive (never freed, reused or
+    # overwritten) until this call returns; set by the scheduler (schedule/collectives.py)
+    keeps_alive: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -139,6 +151,14 @@ class BufferRef:
     name: str
     layout: Layout
     dtype: DType
+
+
+@dataclass(frozen=True)
+class OpaqueInput:
+    """A graph input that is no tensor nor number: an object DTensor's graphs pass along (torch's
+    opaque objects), which the wrapper binds by name and hands on where the graph uses it."""
+
+    name: str
 
 
 @dataclass(frozen=True)
@@ -156,6 +176,7 @@ class LoweredGraph:
     steps: list[ComputedBuffer | IndexedStore | ExternCall] = field(default_factory=list)
     outputs: list[OutputSpec] = field(default_factory=list)
     buffers: dict[str, Buffer] = field(default_factory=dict)  # every named buffer, by name
+    arguments: list[str] = field(default_factory=list)  # every input's name in call order, opaque ones too
     # buffer name -> (the first FX node whose value is that buffer read through a layout, the
     # layout): which aten computation a buffer holds, for EMBER_VERIFY (wrapper/verify.py)
     holds: dict[str, tuple[str, Layout]] = field(default_factory=dict)

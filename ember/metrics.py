@@ -33,6 +33,10 @@ class Metrics:
     fallback_calls: int = 0  # aten calls for ops ember has no lowering for
     fallback_ops: Counter = field(default_factory=Counter)
     inputs_written_in_place: int = 0  # graph inputs kernels store into (Note: inputs written in place)
+    # functional collectives in compiled graphs, and the ember kernels scheduled between each and its
+    # wait, summed (Note: collectives in the graph, schedule/collectives.py)
+    collective_calls: int = 0
+    collective_overlap_kernels: int = 0
     graph_cache_hits: int = 0  # graphs loaded whole from the cache (no lowering, no gcc)
     code_cache_hits: int = 0
     code_cache_misses: int = 0

@@ -212,6 +212,16 @@ def test_embedding_index_error_is_reported_and_flag_resets():
     torch.testing.assert_close(fn(weight, good), F.embedding(good, weight) * 2)
 
 
+def test_negative_zero_constants_keep_their_sign():
+    """tl.full builds every zero as +0.0: a -0.0 constant is filled in by its bits (renderer/triton.py)."""
+    for dtype in (torch.float64, torch.float32, torch.float16):
+        x = torch.tensor([1.5, -2.0, 0.0, float("nan")], dtype=dtype)
+        got = torch.compile(lambda x: torch.where(x > 0, x, -0.0), backend="ember", dynamic=False)(x)
+        want = torch.where(x > 0, x, -0.0)
+        assert torch.equal(torch.signbit(got), torch.signbit(want)), (dtype, got)
+        torch._dynamo.reset()
+
+
 def test_small_mlp_inference():
     torch.manual_seed(0)
     model = test_models.mlp().eval()
@@ -260,6 +270,19 @@ def test_scan_variants_agree_with_eager(monkeypatch, launch):
     torch._dynamo.reset()
     wrapping = torch.tensor([[5] * 37, [2**61 + 7] * 37])  # int64 sums and products wrap across chunk edges
     check_lowered({"cumsum": lambda x: x.cumsum(1), "cumprod": lambda x: x.cumprod(1)}, wrapping)
+
+
+@pytest.mark.parametrize("launch", [("persistent", 4, 64), ("looped", 2, 8)], ids=["persistent", "looped"])
+def test_both_scan_variants_give_one_sum_of_negative_zeros(monkeypatch, launch):
+    """A row's scan is the same bits in either variant (the launcher picks one by time): the
+    looped carry starts at -0.0 (Note: scans on blocks), since -0.0 + x is x for every x, where a
+    0.0 carry would turn the row's -0.0 sums to 0.0 from the second chunk on."""
+    force_launch(monkeypatch, *launch)
+    x = torch.full((3, 37), -0.0)
+    x[1, 20:] = 1.0
+    got = torch.compile(lambda x: x.cumsum(1), backend="ember", dynamic=False)(x)
+    torch.testing.assert_close(got, x.cumsum(1))
+    assert torch.signbit(got[[0, 2]]).all() and torch.signbit(got[1, :20]).all()  # the block scan's own sign
 
 
 def test_long_row_scans_in_chunks(monkeypatch):

@@ -3,9 +3,39 @@ kernel AST after `phases.block_rewrite` and the limits the backend declares.
 
 It takes the sink and the backend's `BlockLimits` (compile_triton.TritonBackend's capabilities)
 and gives a `BlockPlan`: which loops go on the x axis and which on the r axis (`KernelShape`,
-Note: blocks for a kernel AST, renderer/triton.py), which variants to render (pointwise, or
-persistent and looped), and the width of index math. The renderer spells the plan; the
-launcher (runtime/triton.py) times block sizes within it.
+Note: blocks for a kernel AST), which variants to render (pointwise, or persistent and looped),
+and the width of index math. Block lowering (codegen/block_lowering.py) carries the plan out in
+UOps; the launcher (runtime/triton.py) times block sizes within it.
+
+Note: blocks for a kernel AST
+    The loop ranges a REDUCE varies with are the *outer* ranges; flattened, they index the
+    x axis: program `pid` owns x positions pid*XBLOCK + arange(XBLOCK). A kernel with no
+    REDUCE is all outer ranges (pointwise: blocks of shape [XBLOCK]). Otherwise blocks are
+    [XBLOCK, RBLOCK]: each REDUCE is one *phase* over its own reduce ranges, flattened onto
+    the r axis and reduced to [XBLOCK, 1]; then the stores that vary with the remaining
+    loop ranges (the *inner* ranges: softmax's normalizing pass over the row) are one more
+    phase over those. A value is computed in the scope of the ranges it varies with: outer
+    values once per program, phase values inside their phase. The *persistent* variant
+    takes a whole row in one block (RBLOCK >= every phase's extent), so the phases share
+    one r position and identical loads in two phases are one load (one UOp); the *looped*
+    variant walks each phase in RBLOCK steps, with a block accumulator per REDUCE. The
+    launcher (runtime/triton.py) times both.
+
+Note: nested reductions
+    A REDUCE whose source holds another REDUCE that varies with its reduce ranges (the mean
+    over rows of each row's logsumexp: cross-entropy; multilabel_margin_loss) cannot be one
+    block phase: the inner one needs the r axis for its own elements. The enclosing REDUCE is
+    *sequential* instead: a `for` loop over its elements with a [XBLOCK, 1] accumulator, and
+    the reductions inside run as ordinary phases in each iteration (persistent or looped), so
+    nesting goes as deep as the AST does. A sequential REDUCE that varies with no loop (a
+    loss: one number) is *chunked*: XBLOCK elements per iteration on the x lanes (nothing in it
+    varies with x, so the lanes are free; masked by the loop's own bound instead of xmask),
+    reduced over x at the end; the launcher sizes XBLOCK by that extent (`xextent`), the grid
+    by xnumel. When the kernel also has an x axis (cross-entropy's loss fused with per-row
+    outputs), every program computes the loss (redundant work, no extra kernel). A sequential
+    REDUCE that varies with other loops walks one element (a scalar) per iteration. Phases
+    form a chain: a value is computed in the innermost phase whose ranges it varies with, so
+    per-row values are computed once per row, row-invariant ones once.
 """
 
 from __future__ import annotations
@@ -27,7 +57,7 @@ class BlockLimits:
 
 @dataclass(frozen=True)
 class KernelShape:
-    """Note: blocks for a kernel AST (renderer/triton.py)."""
+    """Note: blocks for a kernel AST."""
 
     outer: tuple[UOp, ...]  # loop ranges flattened onto x, outermost first
     inner: tuple[UOp, ...]  # loop ranges of the final phase (empty for pointwise kernels)
@@ -60,7 +90,7 @@ class BlockPlan:
     def launch(self) -> dict:
         """The facts the launcher (runtime/triton.py) sizes blocks and the grid by."""
         facts = {"variants": list(self.variants), "xnumel": self.shape.xnumel, "rnumel": self.shape.rnumel}
-        if self.shape.xextent > self.shape.xnumel:  # Note: nested reductions (renderer/triton.py)
+        if self.shape.xextent > self.shape.xnumel:  # Note: nested reductions
             facts["xextent"] = self.shape.xextent
         return facts
 

@@ -6,11 +6,14 @@
     lower     REDUCE -> accumulator declared outside its loops, updated inside, read after
               (an array of lane accumulators for column reductions: codegen/lanes.py);
               independent accumulators of one scope share a loop (Note: shared reduce loops)
+    blocks    (block backends) x loops -> one masked x index, REDUCE/SCAN -> block reductions,
+              block scans and block accumulators (Note: block lowering, codegen/block_lowering.py)
 
 Each phase is a PatternMatcher (or a small function over the whole AST when it needs a
 global view, like loop order), run as a named `Step` whose result meets a stage of the IR spec
 (uop/spec.py). A backend's steps are the shared early and late ones around its own: loop
-lowering for C++ (`full_rewrite`), none for Triton's blocks (`block_rewrite`).
+lowering for C++ (`full_rewrite`), none for Triton's blocks (`block_rewrite`), whose block plan
+(codegen/blocks.py) is then carried out per variant by `block_lowering`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from ember.codegen.block_lowering import lower_blocks
+from ember.codegen.blocks import BlockPlan
 from ember.codegen.lanes import MAX_LANES, innermost_loop, lane_copy, lane_range
 from ember.codegen.low_precision import pm_low_precision
 from ember.codegen.primitives import primitive_ops
@@ -104,6 +109,13 @@ def full_rewrite(sink: UOp, max_lanes: int = MAX_LANES, check: bool = False) -> 
 def block_rewrite(sink: UOp, check: bool = False) -> UOp:
     """The Triton backend's steps: REDUCE and SCAN stay, reductions over a block axis."""
     return run_steps(sink, early_steps() + late_steps(Stage.EARLY), check)
+
+
+def block_lowering(sink: UOp, plan: BlockPlan, variant: str, check: bool = False) -> UOp:
+    """A block backend's last step, once per variant of its plan: the block_rewrite result as
+    block UOps, the linearizer's input (Note: block lowering, codegen/block_lowering.py)."""
+    lowered = lower_blocks(sink, plan, variant)
+    return verify(lowered, Stage.BLOCKED, "lower_blocks") if check else lowered
 
 
 def lower_reductions(sink: UOp, max_lanes: int) -> UOp:

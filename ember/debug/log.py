@@ -66,10 +66,16 @@ def describe_fusion(scheduled, origins: list | None = None) -> str:
     from ember.schedule import KernelStep
 
     lines = []
+    overlaps = {o.start: o for o in scheduled.overlaps}
+    waits = {o.wait: o for o in scheduled.overlaps if o.wait is not None}
     for i, step in enumerate(scheduled.steps):
         if isinstance(step, KernelStep):
             members = ", ".join(c.name + ("" if c.name in step.stored else " (kernel-local)") for c in step.group)
             lines.append(f"step {i}: kernel [{members}]")
+        elif i in overlaps:
+            lines.append(f"step {i}: collective {step.op}, {describe_overlap(overlaps[i])}")
+        elif i in waits:
+            lines.append(f"step {i}: wait for the collective of step {waits[i].start}")
         else:
             lines.append(f"step {i}: {'fallback' if step.is_fallback else 'extern'} {step.op}")
         if origins is not None and origins[i].aten_ops:
@@ -79,6 +85,13 @@ def describe_fusion(scheduled, origins: list | None = None) -> str:
                 lines.append(f"    ... and {origins[i].more_sources} more source lines")
     lines += ["", f"{scheduled.fusions} fusions; refused:"] + [f"  {r}" for r in scheduled.refusals]
     return "\n".join(lines) + "\n"
+
+
+def describe_overlap(overlap) -> str:
+    """What runs while a collective is in flight (Note: collectives in the graph, schedule/collectives.py)."""
+    if overlap.wait is None:
+        return "not waited for in this graph"
+    return f"waited at step {overlap.wait}; overlapped with {overlap.kernels} kernels and {overlap.externs} externs"
 
 
 def describe_ir(graph: LoweredGraph) -> str:

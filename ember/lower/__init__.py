@@ -1,6 +1,7 @@
 """Stage `lower`: aten FX graph -> LoweredGraph. Importing it registers every lowering."""
 
 from ember.lower import (  # noqa: F401  (registration)
+    collectives,
     indexing,
     math_functions,
     mutation,

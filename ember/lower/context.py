@@ -9,6 +9,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ember.ir import Buffer, BufferRef, ComputedBuffer, ExternCall, Layout, LoweredGraph, contiguous_strides
+from ember.lower.collectives import communication_of
 from ember.lower.values import TensorValue, as_strided_read, load, reads_transposed
 from ember.uop.dtypes import from_torch
 from ember.uop.ops import Ops, RangeKind, UOp
@@ -108,7 +109,10 @@ class LoweringContext:
         outputs = [self._extern_output(m) for m in metas if isinstance(m, torch.Tensor)]
         structure = "single" if isinstance(result_meta, torch.Tensor) else len(metas)
         positions = tuple(i for i, m in enumerate(metas) if isinstance(m, torch.Tensor))
-        self.graph.steps.append(ExternCall(op, args, kwargs, outputs, structure, positions, origin, fallback))
+        communication = communication_of(op)
+        self.graph.steps.append(
+            ExternCall(op, args, kwargs, outputs, structure, positions, origin, fallback, communication)
+        )
         if fallback:
             self.fallback_ops.append(str(op))
         values = [load(b) for b in outputs]

@@ -21,7 +21,8 @@ import torch.fx
 from torch.utils._pytree import tree_flatten
 
 from ember.errors import EmberError
-from ember.ir import Buffer, BufferRef, Layout, LoweredGraph, OutputSpec, contiguous_strides
+from ember.ir import Buffer, BufferRef, Layout, LoweredGraph, OpaqueInput, OutputSpec, contiguous_strides
+from ember.lower.collectives import communication_of
 from ember.lower.context import (
     MATMUL_OPS,
     LoweringContext,
@@ -75,7 +76,8 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], fallback_ra
     env: dict[torch.fx.Node, Any] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            env[node] = _lower_placeholder(ctx, node, example_inputs[len(ctx.graph.inputs)])
+            env[node] = _lower_placeholder(ctx, node, example_inputs[len(ctx.graph.arguments)])
+            ctx.graph.arguments.append(node.name)
         elif node.op == "get_attr":
             env[node] = _lower_constant(ctx, node, getattr(gm, node.target))
         elif node.op == "call_function":
@@ -105,7 +107,7 @@ def _lower_placeholder(ctx: LoweringContext, node: torch.fx.Node, example: Any) 
             raise EmberError("lower", "dynamic shapes are not supported yet; compile with dynamic=False", node.name)
         if isinstance(example, (int, float, bool)):
             raise EmberError("lower", "scalar graph inputs (dynamic scalars) are not supported yet", node.name)
-        return example
+        return OpaqueInput(node.name)
     if any(not isinstance(s, int) for s in (*example.shape, *example.stride())):
         raise EmberError("lower", "dynamic shapes are not supported yet; compile with dynamic=False", node.name)
     layout = Layout(tuple(example.shape), tuple(example.stride()), 0)
@@ -143,6 +145,7 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
     if value is None:
         packet = getattr(node.target, "overloadpacket", node.target)
         fallback = packet not in EXTERN_KERNELS and packet not in EXTERN_BY_DESIGN
+        fallback = fallback and communication_of(node.target) is None  # a collective newer than our table
         metas = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
         value = ctx.extern(node.target, args, kwargs, node.meta.get("val"), node.name, fallback, metas)
     if isinstance(value, TensorValue):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,34 @@ log = logging.getLogger("ember")
 
 COPY_OUT_BYTES = 1 << 20  # outputs on storages this small are copied out at every call
 MAX_RECORDINGS = 4  # recordings per runner (each holds its own memory pool)
+
+# Storages that recordings hand out as outputs (a forward's saved activations), by address: a
+# graph reading one (the backward) records again when it moves rather than copying it at every
+# call, since it moves only when its producer records again.
+_recorded_outputs: dict[int, int] = {}  # storage data_ptr -> how many live recordings hold it
+_recorded_lock = threading.Lock()
+
+
+def _hold_outputs(storages: list[torch.UntypedStorage]) -> list[int]:
+    pointers = [s.data_ptr() for s in storages]
+    with _recorded_lock:
+        for p in pointers:
+            _recorded_outputs[p] = _recorded_outputs.get(p, 0) + 1
+    return pointers
+
+
+def _release_outputs(pointers: list[int]) -> None:
+    with _recorded_lock:
+        for p in pointers:
+            if _recorded_outputs.get(p, 0) <= 1:
+                _recorded_outputs.pop(p, None)
+            else:
+                _recorded_outputs[p] -= 1
+
+
+def _is_recorded_output(x: torch.Tensor) -> bool:
+    with _recorded_lock:
+        return x.untyped_storage().data_ptr() in _recorded_outputs
 
 
 def _use_count(storage: torch.UntypedStorage) -> int:
@@ -133,13 +162,14 @@ class CudaGraphRunner:
             capture_state.probe = None
         self._warmed_up = True
         if host:
-            self._refuse(f"input {host[0][0]} is on {host[0][1]} (a CUDA graph reads device memory only)")
+            self.refuse(f"input {host[0][0]} is on {host[0][1]} (a CUDA graph reads device memory only)")
         elif probe.random:
-            self._refuse("it draws random numbers (dropout, rand): ember's Triton kernels take their seed by value, "
+            self.refuse("it draws random numbers (dropout, rand): ember's Triton kernels take their seed by value, "
                          "so a replay would repeat the same numbers")  # fmt: skip
         return outputs
 
-    def _refuse(self, reason: str) -> None:
+    def refuse(self, reason: str) -> None:
+        """Run this graph without CUDA graphs from now on, saying why once."""
         self.refused = reason
         metrics.add(cuda_graph_refusals=1)
         log.warning("ember: %s graph runs without CUDA graphs: %s", self.name, reason)
@@ -153,10 +183,12 @@ class CudaGraphRunner:
                 continue
             if recording.outputs_free():
                 return recording
-        if moved:  # an input came at another address: copy it from now on, unless the graph writes it
+        if moved:  # an input came at another address: copy it from now on, unless the graph writes it or
+            # another recording made it (it moves only when that one records again)
             for recording in self._recordings:
                 self._copied |= {i for i, placed in recording.addresses.items() if _placement(args[i]) != placed
-                                 and isinstance(args[i], torch.Tensor) and i not in self.mutated_inputs}  # fmt: skip
+                                 and isinstance(args[i], torch.Tensor) and i not in self.mutated_inputs
+                                 and not _is_recorded_output(args[i])}  # fmt: skip
         if self._records >= MAX_RECORDINGS * 2:
             if self._records == MAX_RECORDINGS * 2:
                 self._records += 1
@@ -189,14 +221,17 @@ class CudaGraphRunner:
             with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(), capture_error_mode="thread_local"):
                 outputs = self.call(list(inputs))
         except Exception as e:  # a graph that cannot be recorded runs as it is
-            self._refuse(f"recording failed: {type(e).__name__}: {e}")
+            self.refuse(f"recording failed: {type(e).__name__}: {e}")
             return None
         finally:
             capture_state.recorder = None
         self._records += 1
         metrics.add(cuda_graphs_recorded=1)
         storages, rebuilt = _describe_outputs(outputs, inputs)
-        return _Recording(graph, inputs, addresses, copied, storages, rebuilt, checks)
+        recording = _Recording(graph, inputs, addresses, copied, storages, rebuilt, checks)
+        held = {o.index for o in rebuilt if o.kind == "held"}
+        weakref.finalize(recording, _release_outputs, _hold_outputs([storages[i] for i in sorted(held)]))
+        return recording
 
     def _replay(self, recording: _Recording, args: list) -> list:
         stream = torch.cuda.current_stream()

@@ -30,17 +30,27 @@ class GraphSummary:
     explanation: str = ""
     pass_rewrites: dict[str, int] = field(default_factory=dict)  # FX pass -> nodes rewritten (ember/passes)
     tiled_kernels: int = 0  # C++ kernels with 2-D tiles (codegen/tiling.py)
+    collectives: int = 0  # collectives issued (Note: collectives in the graph, schedule/collectives.py)
+    overlapped_kernels: int = 0  # ember kernels run between a collective and its wait, summed over collectives
     mutated_inputs: list[int] = field(default_factory=list)  # inputs the graph writes into (runtime/cuda_graphs.py)
     inputs_written_in_place: int = 0  # (Note: inputs written in place, lower/mutation.py)
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], config_key: str, identity: str) -> str:
     """`identity`: what the graph depends on besides itself and the config (cache_identity.py)."""
-    inputs = [
-        (tuple(x.shape), tuple(x.stride()), str(x.dtype), str(x.device)) if isinstance(x, torch.Tensor) else repr(x)
-        for x in example_inputs
-    ]
+    inputs = [_input_description(x) for x in example_inputs]
     return content_hash(gm.code, repr(inputs), _constants_digest(gm), config_key, identity)
+
+
+def _input_description(x: Any) -> Any:
+    """What the compiled code depends on in an input: a tensor's layout, a value's repr; of an
+    opaque object (DTensor's graphs pass some along untouched, lowering's OpaqueInput) only its
+    type, as its repr holds an address that differs per process."""
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), tuple(x.stride()), str(x.dtype), str(x.device))
+    if x is None or isinstance(x, (int, float, bool, str, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return repr(x)
+    return f"opaque {type(x).__module__}.{type(x).__qualname__} {getattr(x, 'script_class_name', '')}"
 
 
 def _constants_digest(gm: torch.fx.GraphModule) -> str:

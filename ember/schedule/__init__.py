@@ -4,6 +4,7 @@
     eliminate_dead  drop computations nothing reads
     fuse            the fusion loop (fusion.py), with a reason for every refusal
     order           topological order of the groups; what each kernel must store
+    collectives     each collective issued early, its wait late (collectives.py)
 
 A buffer written and fully consumed inside one kernel is never stored nor allocated.
 """
@@ -15,9 +16,10 @@ from dataclasses import dataclass, field
 from torch.utils._pytree import tree_flatten
 
 from ember.ir import BufferRef, ComputedBuffer, ExternCall, IndexedStore, LoweredGraph
+from ember.schedule.collectives import Overlap, collective_overlaps, place_collectives
 from ember.schedule.fusion import FusionState, Group, WhyNoFuse, fuse
 from ember.schedule.memory import last_use_positions
-from ember.schedule.nodes import SchedulerNode, build_nodes
+from ember.schedule.nodes import SchedulerNode, build_nodes, mutated_buffers
 from ember.schedule.order import ScheduleWork
 from ember.uop.ops import Ops, UOp
 
@@ -50,19 +52,17 @@ class Schedule:
     refusals: list[WhyNoFuse] = field(default_factory=list)
     fusions: int = 0
     work: ScheduleWork = field(default_factory=ScheduleWork)
+    overlaps: list[Overlap] = field(default_factory=list)  # per collective (Note: collectives in the graph)
 
 
-def schedule(graph: LoweredGraph, fusion: bool = True, nested_reductions: bool = True) -> Schedule:
-    """`nested_reductions`: whether a kernel may hold a reduction inside another's loop
-    (`Capabilities.nested_reductions`)."""
+def schedule(graph: LoweredGraph, fusion: bool = True, blocks: bool = False) -> Schedule:
+    """`blocks`: the kernels run as blocks of GPU programs (Note: fusions that starve the GPU)."""
     nodes = eliminate_dead(build_nodes(graph), graph)
     # an input stored in place is written like an output, and allocates nothing
     outputs = {o.ref.name for o in graph.outputs if o.ref is not None} | set(graph.mutated_inputs)
     nbytes = {c.name: c.buffer.layout.storage_size * c.buffer.dtype.itemsize if c.buffer.kind != "input" else 0
               for c in _computed(nodes)}  # fmt: skip
-    state = FusionState(
-        [Group([n]) for n in nodes], outputs, nbytes, nested_reductions
-    )  # the program order is topological
+    state = FusionState([Group([n]) for n in nodes], outputs, nbytes, blocks)  # the program order is topological
     if fusion:
         state = fuse(state)
     steps: list[Step] = []
@@ -71,7 +71,8 @@ def schedule(graph: LoweredGraph, fusion: bool = True, nested_reductions: bool =
             steps.append(g.nodes[0].step)  # type: ignore[arg-type]
         else:
             steps.append(KernelStep(g.computed, state.stored(g), g.alignment, g.bodies))
-    return Schedule(steps, state.refusals, state.fusions, state.work)
+    steps = place_collectives(steps, reads_of, _writes_and_mutations)
+    return Schedule(steps, state.refusals, state.fusions, state.work, collective_overlaps(steps))
 
 
 def _computed(nodes: list[SchedulerNode]) -> list[ComputedBuffer]:
@@ -91,14 +92,19 @@ def eliminate_dead(nodes: list[SchedulerNode], graph: LoweredGraph) -> list[Sche
 
 
 def reads_of(step: Step) -> list[str]:
+    """The buffers a step reads; a wait also the inputs of its collective, which it keeps alive."""
     if isinstance(step, KernelStep):
         return step.reads
     refs, _ = tree_flatten((step.args, step.kwargs))
-    return list(dict.fromkeys(r.name for r in refs if isinstance(r, BufferRef)))
+    return list(dict.fromkeys([*(r.name for r in refs if isinstance(r, BufferRef)), *step.keeps_alive]))
 
 
 def writes_of(step: Step) -> list[str]:
     return step.writes if isinstance(step, KernelStep) else [b.name for b in step.outputs]
+
+
+def _writes_and_mutations(step: Step) -> list[str]:
+    return writes_of(step) if isinstance(step, KernelStep) else [*writes_of(step), *mutated_buffers(step)]
 
 
 def graph_last_uses(graph: LoweredGraph, steps: list[Step]) -> list[list[str]]:

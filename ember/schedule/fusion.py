@@ -61,10 +61,11 @@ class FusionState:
     """The groups in order (order.py keeps them and their memory up to date), with every
     refusal and the work done."""
 
-    def __init__(self, groups: list[Group], outputs: set[str], nbytes: dict[str, int], nested_reductions: bool = True):
+    def __init__(self, groups: list[Group], outputs: set[str], nbytes: dict[str, int], blocks: bool = False):
         self.work = ScheduleWork()
-        # may one kernel hold a reduction inside another's loop? (Note: nested reductions on the GPU)
-        self.nested_reductions = nested_reductions
+        # kernels run as blocks of programs (Triton): no fusion may leave a kernel's work to a
+        # few programs (Note: fusions that starve the GPU)
+        self.blocks = blocks
         self.order = ScheduleOrder(groups, outputs, nbytes, self.work)
         self.outputs, self.nbytes = outputs, nbytes
         self.refusals: list[WhyNoFuse] = []
@@ -155,8 +156,8 @@ def why_no_fuse(state: FusionState, a: Group, b: Group) -> str | Fused:
         return f"the reduction in {recomputed} would be recomputed for every element of an inner loop"
     if (unsafe := unsafe_in_place_read([n.step for n in members], bodies, alignment)) is not None:
         return unsafe
-    if not state.nested_reductions and (outer := nested_reduction(bodies)) is not None:
-        return f"the reduction in {outer} would hold another in its loop (one GPU program for all of it)"
+    if state.blocks and (starved := starved_programs(members, bodies)) is not None:
+        return starved
     fused.alignment, fused.bodies = alignment, bodies
     plan = state.order.plan(a, b, fused)
     if all(split_reduction_member(state, n) for n in members):
@@ -187,15 +188,34 @@ def reads_partials(producer: Group, consumer: Group) -> str | None:
     return next(iter(sorted(read))) if read else None
 
 
-# Note: nested reductions on the GPU
-# Fusing a row-wise reduction into a reduction over those rows (cross-entropy's mean of per-row
-# log-softmax terms; x.sum(1).amax()) makes a kernel that reduces inside another reduction's
-# loop. The C++ renderer runs that as nested loops over all threads; a Triton kernel's programs
-# walk its outputs, so one program would walk every row, each row's inner reduction inside it
-# (8192 rows of 32000 logits ran at 14 GB/s, 0.5% of copy bandwidth). A block backend says so
-# (`Capabilities.nested_reductions`) and the scheduler refuses such fusions: the row-wise kernel
-# runs with a program per block of rows, and the outer reduction reads its small result (split
-# in turn when it is long, lower/split_reductions.py).
+# Note: fusions that starve the GPU
+# A Triton kernel's programs walk its outputs (the x axis); whatever a member computes per
+# element of a reduced loop runs inside that loop, on those few programs. Two fusions the C++
+# renderer runs well (as loops over all threads) would so leave a GPU kernel's work to one or a
+# few programs, and the scheduler refuses them for block backends (`Capabilities.blocks`):
+#   - a reduction inside another reduction's loop: a row-wise reduction fused into a reduction
+#     over those rows (cross-entropy's mean of per-row terms; x.sum(1).amax()): one program
+#     walked every row, each row's reduction inside it (8192 rows of 32000 logits: 14 GB/s,
+#     0.5% of copy bandwidth);
+#   - a large member fused with a reduction that has few outputs (a language model's saved
+#     log-softmax, 4096 x 32000, written by the program that sums the loss: 78 ms for 0.5 GB).
+# Apart, the row-wise or large kernel runs on a program per block of its elements, and the
+# small reduction reads its result (split in turn when it is long, lower/split_reductions.py).
+STARVED_PROGRAMS = 256  # fewer outputs than this leave an H100's 132 SMs partly idle
+STARVED_ELEMENTS = 32768  # ... which matters once a member has this much work
+
+
+def starved_programs(members: list[SchedulerNode], bodies: dict) -> str | None:
+    """Why the fused kernel would leave its work to too few GPU programs, or None."""
+    if (outer := nested_reduction(bodies)) is not None:
+        return f"the reduction in {outer} would hold another in its loop (one GPU program for all of it)"
+    reduces = [name for name, body in bodies.items() if any(u.op is Ops.REDUCE for u in body.toposort)]
+    sizes = {n.name: n.step.buffer.layout.numel for n in members}
+    few = min((sizes[name] for name in reduces), default=None)
+    big = max(sizes, key=lambda name: sizes[name])
+    if few is not None and few < STARVED_PROGRAMS and sizes[big] >= STARVED_ELEMENTS and sizes[big] > few:
+        return f"{big} ({sizes[big]} elements) would be computed by the {few} GPU program(s) of a reduction"
+    return None
 
 
 def nested_reduction(bodies: dict) -> str | None:

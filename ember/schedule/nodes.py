@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from torch.utils._pytree import tree_flatten
 
-from ember.ir import BufferRef, ComputedBuffer, ExternCall, IndexedStore, LoweredGraph
+from ember.ir import BufferRef, Communication, ComputedBuffer, ExternCall, IndexedStore, LoweredGraph
 from ember.uop.ops import Ops, UOp
 
 
@@ -74,6 +74,7 @@ class SchedulerNode:
 
 def build_nodes(graph: LoweredGraph) -> list[SchedulerNode]:
     nodes = [_node(step, i) for i, step in enumerate(graph.steps)]
+    _waits_finish_mutations(nodes)
     _add_mutation_order(nodes)
     writers: dict[str, list[SchedulerNode]] = {}
     for n in nodes:
@@ -120,6 +121,25 @@ def mutated_buffers(step: ExternCall) -> list[str]:
 def writes_input(step: ComputedBuffer | IndexedStore | ExternCall) -> bool:
     """A computed buffer stored into a graph input (Note: inputs written in place, lower/mutation.py)."""
     return isinstance(step, ComputedBuffer) and step.buffer.kind == "input"
+
+
+def _waits_finish_mutations(nodes: list[SchedulerNode]) -> None:
+    """A collective that mutates a buffer (`all_reduce_`) is done with it only at its wait, so the
+    wait counts as a write of it too: its readers depend on the wait (Note: collectives in the
+    graph, schedule/collectives.py)."""
+    mutated_by_result: dict[str, list[str]] = {}
+    for node in nodes:
+        step = node.step
+        if not isinstance(step, ExternCall) or step.communication is None:
+            continue
+        if step.communication is Communication.START:
+            for b in step.outputs:
+                mutated_by_result[b.name] = mutated_buffers(step)
+        else:
+            refs, _ = tree_flatten((step.args, step.kwargs))
+            for ref in refs:
+                if isinstance(ref, BufferRef):
+                    node.writes += [b for b in mutated_by_result.get(ref.name, []) if b not in node.writes]
 
 
 def _add_mutation_order(nodes: list[SchedulerNode]) -> None:

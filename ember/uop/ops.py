@@ -116,6 +116,14 @@ class Ops(enum.Enum):
     HYPOT = enum.auto()
     FMAX = enum.auto()  # max ignoring NaN (C fmax), as torch.fmax
     FMIN = enum.auto()
+    # blocks (Note: block lowering, codegen/block_lowering.py): after `lower_blocks` only
+    PROGRAM_ID = enum.auto()  # index: this program's position on the grid (x axis)
+    BLOCK_SIZE = enum.auto()  # index: a block axis' size (XBLOCK, RBLOCK); arg: BlockAxis
+    ARANGE = enum.auto()  # index block: 0, 1, ... along one block axis; arg: BlockArg
+    BLOCK_REDUCE = enum.auto()  # src: (block,); the block folded along one axis, kept as size 1; arg: BlockReduceArg
+    BLOCK_SCAN = enum.auto()  # src: (block,); the running combination along the r axis; arg: the combining Ops
+    PHILOX4 = enum.auto()  # src: (seed, counter); the four uint32 words of one Philox4x32-10 call
+    WORD = enum.auto()  # src: (PHILOX4,); word `arg` (0..3) of it
 
 
 MATH_UNARY_OPS = frozenset({Ops.ACOSH, Ops.ASINH, Ops.ATANH, Ops.ERFC, Ops.LGAMMA, Ops.SIGNBIT})
@@ -179,6 +187,7 @@ class RangeArg:
     order: int
     copy: int = 0
     tile: int = 0  # > 0: the tile loop of a 2-D tiling, stepping by `tile` (Note: 2-D tiles, codegen/tiling.py)
+    block: BlockAxis | None = None  # a loop over chunks, stepping by that axis' block size (Note: block lowering)
 
     @property
     def reduce(self) -> bool:
@@ -203,6 +212,43 @@ class AccArg:
     identity: Any
     id: int
     lanes: int = 1  # > 1: an array of this many accumulators (Note: lane accumulators, codegen/lanes.py)
+    block: AccBlock | None = None  # a block backend's accumulator (Note: block lowering); None: a scalar
+
+
+class BlockAxis(enum.Enum):
+    """An axis of a block (Note: block lowering, codegen/block_lowering.py); the value is the
+    name of its size, a constant the launcher picks."""
+
+    X = "XBLOCK"  # output positions, across programs
+    R = "RBLOCK"  # the elements one output folds, scans or stores in a row
+
+
+class AccBlock(enum.Enum):
+    """The shape and update of a block accumulator (Note: block lowering)."""
+
+    TILE = "tile"  # [XBLOCK, RBLOCK]: combined element by element per chunk of a row, folded after the loop
+    ROWS = "rows"  # [XBLOCK, 1]: combined once per element of a sequential loop (Note: nested reductions)
+    CARRY = "carry"  # [XBLOCK, 1]: a scan's carry, the chunk's scan combined with it, then its last position
+
+    @property
+    def shape(self) -> str:
+        return "[XBLOCK, RBLOCK]" if self is AccBlock.TILE else "[XBLOCK, 1]"
+
+
+@dataclass(frozen=True)
+class BlockArg:
+    """An ARANGE: along `axis`, in a block of `dims` dimensions (1: pointwise kernels' [XBLOCK])."""
+
+    axis: BlockAxis
+    dims: int = 2
+
+
+@dataclass(frozen=True)
+class BlockReduceArg:
+    """A BLOCK_REDUCE: `combine` (ADD/MUL/MAX/MIN) along `axis`, kept as a dimension of size 1."""
+
+    combine: Ops
+    axis: BlockAxis
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,10 @@ Stages, in pipeline order:
              float16/bfloat16 (Note: low-precision floats); what a block backend renders
     LOWERED  after reduce lowering: accumulators (DEFINE_ACC, ACC_UPDATE, ACC_READ, ACC_RUNNING)
              instead of REDUCE and SCAN; what the linearizer takes
+    BLOCKED  after block lowering (codegen/block_lowering.py): loops on the x axis are one x index
+             (PROGRAM_ID, BLOCK_SIZE, ARANGE), REDUCE and SCAN are block reductions, block scans and
+             accumulators; LOAD, STORE and CHECK take the mask of their active lanes; what the
+             linearizer takes for a block backend
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from ember.uop.ops import (
     COMPARISON_OPS,
     UNARY_OPS,
     AccArg,
+    BlockArg,
+    BlockAxis,
+    BlockReduceArg,
     BufferArg,
     CheckArg,
     Ops,
@@ -39,6 +46,7 @@ class Stage(enum.Enum):
     AST = "ast"
     EARLY = "early"
     LOWERED = "lowered"
+    BLOCKED = "blocked"
 
 
 class IRError(ValueError):
@@ -51,16 +59,19 @@ class IRError(ValueError):
 
 
 ACCUMULATOR_OPS = frozenset({Ops.DEFINE_ACC, Ops.ACC_UPDATE, Ops.ACC_READ, Ops.ACC_RUNNING})
+BLOCK_OPS = frozenset({Ops.PROGRAM_ID, Ops.BLOCK_SIZE, Ops.ARANGE, Ops.BLOCK_REDUCE, Ops.BLOCK_SCAN, Ops.PHILOX4,
+                       Ops.WORD})  # fmt: skip
 # ops that exist only in some stages (every other op may appear in all of them)
 FORBIDDEN = {
-    Stage.AST: ACCUMULATOR_OPS | {Ops.AXIS, Ops.ENDRANGE},
-    Stage.EARLY: ACCUMULATOR_OPS | {Ops.AXIS, Ops.ENDRANGE},
-    Stage.LOWERED: frozenset({Ops.REDUCE, Ops.SCAN, Ops.AXIS, Ops.ENDRANGE}),
+    Stage.AST: ACCUMULATOR_OPS | BLOCK_OPS | {Ops.AXIS, Ops.ENDRANGE},
+    Stage.EARLY: ACCUMULATOR_OPS | BLOCK_OPS | {Ops.AXIS, Ops.ENDRANGE},
+    Stage.LOWERED: BLOCK_OPS | {Ops.REDUCE, Ops.SCAN, Ops.AXIS, Ops.ENDRANGE},
+    Stage.BLOCKED: frozenset({Ops.REDUCE, Ops.SCAN, Ops.AXIS, Ops.ENDRANGE, Ops.PHILOX}),
 }
 LOW_PRECISION = (dtypes.float16, dtypes.bfloat16)
 # ops that move or select 16-bit floats without computing on them (Note: low-precision floats)
 MOVES_LOW_PRECISION = frozenset({Ops.BUFFER, Ops.INDEX, Ops.LOAD, Ops.STORE, Ops.CONST, Ops.CAST, Ops.BITCAST})
-MOVES_LOW_PRECISION |= {Ops.WHERE, Ops.CHECK, Ops.SINK}
+MOVES_LOW_PRECISION |= {Ops.WHERE, Ops.CHECK, Ops.SINK, Ops.BLOCK_REDUCE, Ops.BLOCK_SCAN}
 REDUCE_COMBINES = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN})
 SCAN_COMBINES = REDUCE_COMBINES | {Ops.LOGADDEXP}
 
@@ -81,7 +92,8 @@ def check_uop(u: UOp, stage: Stage) -> str | None:
         return "does not exist at this stage"
     if stage is not Stage.AST and u.op not in MOVES_LOW_PRECISION and _computes_in_low_precision(u):
         return "computes on float16/bfloat16 (only loads, stores, casts and selects may, after low_precision)"
-    rule = SPEC.get(u.op) or (_alu if u.op in ALU_OPS else None)
+    rule = (BLOCKED_SPEC.get(u.op) if stage is Stage.BLOCKED else None) or SPEC.get(u.op)
+    rule = rule or (_alu if u.op in ALU_OPS else None)
     return rule(u) if rule is not None else None
 
 
@@ -250,4 +262,82 @@ SPEC: dict[Ops, Rule] = {
     Ops.RANGE: _range, Ops.CONST: _const, Ops.REDUCE: _reduce, Ops.SCAN: _scan,
     Ops.DEFINE_ACC: _define_acc, Ops.ACC_UPDATE: _acc_update, Ops.ACC_READ: _acc_read, Ops.ACC_RUNNING: _acc_read,
     Ops.CHECK: _check, Ops.PHILOX: _philox, Ops.BITCAST: _bitcast,
+}  # fmt: skip
+
+
+# ---- the block stage (codegen/block_lowering.py) ---------------------------------------------
+
+
+def _mask(u: UOp, i: int) -> str | None:
+    return None if u.src[i].dtype is dtypes.bool else f"source {i} (the mask) must be bool, is {u.src[i].dtype.name}"
+
+
+def _masked_load(u: UOp) -> str | None:
+    if len(u.src) not in (1, 2) or u.src[0].op is not Ops.INDEX:
+        return "takes (INDEX,) or (INDEX, mask)"
+    if len(u.src) == 2 and (broken := _mask(u, 1)) is not None:
+        return broken
+    return None if u.dtype is u.src[0].dtype else f"dtype {u.dtype.name} differs from its INDEX's"
+
+
+def _masked_store(u: UOp) -> str | None:
+    if len(u.src) != 3 or u.src[0].op is not Ops.INDEX:
+        return "takes (INDEX, value, mask) after block lowering"
+    if u.dtype is not dtypes.void or not (u.arg is None or isinstance(u.arg, ScatterArg)):
+        return "must be void, arg None or ScatterArg"
+    if (broken := _mask(u, 2)) is not None:
+        return broken
+    return None if u.src[1].dtype is u.src[0].dtype else f"stores {u.src[1].dtype.name} into {u.src[0].dtype.name}"
+
+
+def _masked_check(u: UOp) -> str | None:
+    if len(u.src) != 3 or not u.src[1].dtype.is_bool or not isinstance(u.arg, CheckArg):
+        return "takes (value, ok: bool, mask) after block lowering, arg CheckArg"
+    if (broken := _mask(u, 2)) is not None:
+        return broken
+    return None if u.dtype is u.src[0].dtype else "dtype differs from its value's"
+
+
+def _block_leaf(u: UOp) -> str | None:
+    if u.src or u.dtype is not dtypes.index:
+        return "is an index without sources"
+    if u.op is Ops.BLOCK_SIZE and not isinstance(u.arg, BlockAxis):
+        return "arg must be a BlockAxis"
+    if u.op is Ops.ARANGE and not (isinstance(u.arg, BlockArg) and u.arg.dims in (1, 2)):
+        return "arg must be a BlockArg of 1 or 2 dims"
+    return None
+
+
+def _block_reduce(u: UOp) -> str | None:
+    if len(u.src) != 1 or not isinstance(u.arg, BlockReduceArg) or u.arg.combine not in REDUCE_COMBINES:
+        return "takes (block,), arg BlockReduceArg of ADD/MUL/MAX/MIN"
+    return None if u.dtype is u.src[0].dtype else "dtype differs from its block's"
+
+
+def _block_scan(u: UOp) -> str | None:
+    if len(u.src) != 1 or u.arg not in SCAN_COMBINES:
+        return "takes (block,), arg ADD/MUL/MAX/MIN/LOGADDEXP"
+    return None if u.dtype is u.src[0].dtype else "dtype differs from its block's"
+
+
+def _philox4(u: UOp) -> str | None:
+    return None if len(u.src) == 2 and u.dtype is dtypes.uint32 else "takes (seed, counter), gives uint32 words"
+
+
+def _word(u: UOp) -> str | None:
+    if len(u.src) != 1 or u.src[0].op is not Ops.PHILOX4 or u.arg not in (0, 1, 2, 3):
+        return "takes (PHILOX4,), arg word 0..3"
+    return None if u.dtype is dtypes.uint32 else "must be uint32"
+
+
+def _block_acc(u: UOp) -> str | None:
+    if (broken := _define_acc(u)) is not None:
+        return broken
+    return None if u.arg.block is not None else "a block accumulator needs AccArg.block"
+
+
+BLOCKED_SPEC: dict[Ops, Rule] = {
+    Ops.LOAD: _masked_load, Ops.STORE: _masked_store, Ops.CHECK: _masked_check, Ops.DEFINE_ACC: _block_acc,
+    Ops.PROGRAM_ID: _block_leaf, Ops.BLOCK_SIZE: _block_leaf, Ops.ARANGE: _block_leaf,
+    Ops.BLOCK_REDUCE: _block_reduce, Ops.BLOCK_SCAN: _block_scan, Ops.PHILOX4: _philox4, Ops.WORD: _word,
 }  # fmt: skip

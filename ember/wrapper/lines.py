@@ -92,11 +92,14 @@ class ExternCall:
     outputs: list[Buffer]
     single: bool
     label: str = ""  # the profiler's name for this call (Note: profiler ranges, python.py)
+    as_is: bool = False  # a collective's result, still in flight: bound unchecked, never copied
 
     def render(self) -> str:
         if self.single:
             out = self.outputs[0]
             call = f"{self.target}({self.call_args})"
+            if self.as_is:
+                return f"{out.name} = {call}"
             return f"{out.name} = ensure_layout({call}, {out.layout.size}, {out.layout.stride})"
         tmp = f"{self.outputs[0].name}_result" if self.outputs else "_"
         return f"{tmp} = tree_leaves({self.target}({self.call_args}))"
@@ -107,9 +110,12 @@ class Unpack:
     source: str
     position: int
     buffer: Buffer
+    as_is: bool = False  # a collective's result, still in flight (ExternCall.as_is)
 
     def render(self) -> str:
         b = self.buffer
+        if self.as_is:
+            return f"{b.name} = {self.source}[{self.position}]"
         return f"{b.name} = ensure_layout({self.source}[{self.position}], {b.layout.size}, {b.layout.stride})"
 
 

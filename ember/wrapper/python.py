@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ember.ir import BufferRef, ExternCall, IndexedStore, LoweredGraph
+from ember.ir import BufferRef, Communication, ExternCall, IndexedStore, LoweredGraph, OpaqueInput
 from ember.runtime.cache import content_hash, entry_path, open_root, write_if_different
 from ember.runtime.memory import HUGE_PAGE_MIN_BYTES
 from ember.schedule import KernelStep, Step, graph_last_uses, last_uses, reads_of, writes_of
@@ -163,6 +163,8 @@ def verified_buffers(graph: LoweredGraph, steps: list[Step], kernels: dict[int, 
     for i, step in enumerate(steps):
         if isinstance(step, KernelStep):
             written = step.writes if i in kernels else []
+        elif step.communication is Communication.START:  # in flight until its wait: its result is the wait's
+            written = []
         else:
             written = [b.name for b in step.outputs]
         for name in written:
@@ -211,7 +213,7 @@ def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: 
 def _call_body(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: list[L.Line], device: torch.device,
                gpu_error_slots: int, profiled: bool) -> list[str]:  # fmt: skip
     """The lines of `call` after its signature; `profiled`: each labelled call in its profiler range."""
-    names = [b.name for b in graph.inputs]
+    names = graph.arguments or [b.name for b in graph.inputs]
     lines = [f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args"] if names else []
     lines.append("    args.clear()")
     lines += _error_flag_lines(kernels, gpu_error_slots)
@@ -248,13 +250,15 @@ def _extern_lines(step: ExternCall, buffers: dict, graph: LoweredGraph, objects:
     args = [arg_expr(a) for a in step.args] + [f"{k}={arg_expr(v)}" for k, v in step.kwargs.items()]
     target = f"torch.ops.{step.op}" if isinstance(step.op, torch._ops.OpOverload) else _literal(step.op, objects)
     single = step.output_structure == "single"
-    lines: list[L.Line] = [L.ExternCall(target, ", ".join(args), step.outputs, single, label)]
+    in_flight = step.communication is Communication.START  # Note: collectives in the graph
+    lines: list[L.Line] = [L.ExternCall(target, ", ".join(args), step.outputs, single, label, in_flight)]
     for b in step.outputs:
         buffers[b.name] = b
     if not single and step.outputs:
         # tuple results: pick each tensor by its position in the flattened result
         source = f"{step.outputs[0].name}_result"
-        lines += [L.Unpack(source, p, b) for p, b in zip(step.output_positions, step.outputs) if b.name not in unread]
+        lines += [L.Unpack(source, p, b, in_flight) for p, b in zip(step.output_positions, step.outputs)
+                  if b.name not in unread]  # fmt: skip
         lines.append(L.Del([source]))
     return lines
 
@@ -262,6 +266,8 @@ def _extern_lines(step: ExternCall, buffers: dict, graph: LoweredGraph, objects:
 def _literal(value: Any, objects: list, inner: Callable[[Any], str] | None = None) -> str:
     """Python source for `value`; values with no literal are kept in `_objects`."""
     inner = inner or (lambda v: _literal(v, objects))
+    if isinstance(value, OpaqueInput):  # the object the call got, by its name
+        return value.name
     if value is None or isinstance(value, (bool, int, str)):
         return repr(value)
     if isinstance(value, float):

@@ -92,6 +92,8 @@ def load_triton_kernel(root: str, relative: str, sha256: str, name: str, **launc
 
 def assert_layout(t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype, name: str) -> None:
     """Kernels were generated for these exact sizes and strides; anything else is a bug."""
+    if t is not None and t.stride() == stride and t.shape == size and t.dtype == dtype:
+        return  # the common case first: a call checks every input (a few microseconds each otherwise)
     if t is None and 0 in size:
         return  # an effect token (with_effects): AOTAutograd may pass None for it at run time
     if tuple(t.shape) != size or (t.numel() > 1 and not _same_strides(t, size, stride)) or t.dtype != dtype:
@@ -107,6 +109,8 @@ def _same_strides(t: torch.Tensor, size: tuple, stride: tuple) -> bool:
 
 def ensure_layout(t: torch.Tensor, size: tuple, stride: tuple) -> torch.Tensor:
     """An aten result in the layout kernels were generated for: as is, or copied into it."""
+    if t.stride() == stride and t.shape == size:
+        return t
     if tuple(t.shape) == tuple(size) and (t.numel() <= 1 or _same_strides(t, size, stride)):
         return t
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)

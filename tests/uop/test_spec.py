@@ -125,3 +125,4 @@ def test_the_suite_checks_every_kernel_it_compiles(backend, monkeypatch, tmp_pat
     assert kernels >= 1 and stages.count("build_kernel_ast") == kernels
     assert {"low_precision", "order_loops", "number_ranges"} <= set(stages)
     assert ("lower_reduce" in stages) == (backend == "cpp")
+    assert ("lower_blocks" in stages) == (backend == "triton")

@@ -1,0 +1,146 @@
+"""Stage `schedule`: collectives placed for overlap, and what their waits keep alive.
+
+Takes the ordered steps (after fusion) and gives them with each collective moved as early and
+each wait as late as the data allows, each wait naming the buffers its collective reads while in
+flight (`ExternCall.keeps_alive`), and the overlap that resulted (`collective_overlaps`).
+
+Note: collectives in the graph
+    A functional collective is two externs (lower/collectives.py): the collective issues the
+    communication and returns at once, `wait_tensor` blocks until it is done. Whatever runs
+    between the two overlaps with the communication, so:
+    - the steps are put in a topological order of their data dependencies (reads after writes,
+      writes after reads and writes) that issues each collective as soon as its inputs are
+      ready and takes a wait only when nothing else can run: whatever does not need a
+      collective's result runs before its wait; the other steps keep their order where the data
+      allows, and collectives keep theirs (every rank issues them in the same order: they
+      compile the same graph);
+    - until its wait returns, a collective may still read its inputs (NCCL on its own stream,
+      gloo on its own thread), so the wait counts as a read of them: their last use, and with
+      it their free, their reuse by the memory planner (wrapper/plan.py) and an in-place kernel
+      writing over them (codegen/kernel.py `choose_inplace`), all come after the wait;
+    - a collective's result is bound as aten returns it and only the wait's result is put in
+      the layout kernels expect (a copy before the wait would read data still in flight);
+    - a collective that mutates a buffer (`all_reduce_`, `..._out`) has its wait count as a
+      write of that buffer, so its readers run after the wait (schedule/nodes.py).
+    `collective_overlaps` says, per collective, which steps ran between it and its wait;
+    `ember explain` prints it and `ember.metrics` counts collectives and overlapped kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from dataclasses import dataclass
+
+from torch.utils._pytree import tree_flatten
+
+from ember.ir import BufferRef, Communication, ExternCall
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """One collective of a schedule: where it is issued and waited for, and what runs between."""
+
+    op: str
+    start: int  # step index of the collective
+    wait: int | None  # step index of its wait; None when this graph does not wait for it
+    kernels: int  # ember kernels between the two
+    externs: int  # other externs between the two (matmuls, ...), collectives and waits excluded
+
+
+def is_start(step) -> bool:
+    return isinstance(step, ExternCall) and step.communication is Communication.START
+
+
+def is_wait(step) -> bool:
+    return isinstance(step, ExternCall) and step.communication is Communication.WAIT
+
+
+def argument_buffers(step: ExternCall) -> list[str]:
+    refs, _ = tree_flatten((step.args, step.kwargs))
+    return list(dict.fromkeys(r.name for r in refs if isinstance(r, BufferRef)))
+
+
+def waited_collectives(steps: list) -> dict[int, int]:
+    """Wait's step index -> the index of the collective whose result it waits for."""
+    started = {b.name: i for i, step in enumerate(steps) if is_start(step) for b in step.outputs}
+    found = {}
+    for i, step in enumerate(steps):
+        if is_wait(step):
+            starts = [started[name] for name in argument_buffers(step) if name in started]
+            if starts:
+                found[i] = starts[0]
+    return found
+
+
+def place_collectives(steps: list, reads_of, writes_of) -> list:
+    """`steps` reordered for overlap, each wait keeping its collective's inputs alive (Note:
+    collectives in the graph). `reads_of`/`writes_of`: a step's buffers (mutated ones included)."""
+    if not any(is_start(s) or is_wait(s) for s in steps):
+        return steps
+    steps = list(steps)
+    for i, start in waited_collectives(steps).items():
+        outputs = {b.name for b in steps[start].outputs}
+        steps[i] = dataclasses.replace(steps[i], keeps_alive=tuple(n for n in argument_buffers(steps[start])
+                                                                   if n not in outputs))  # fmt: skip
+    effects = [(set(reads_of(s)), set(writes_of(s))) for s in steps]
+    for i, start in waited_collectives(steps).items():  # what a collective mutates is done at its wait
+        effects[i][1].update(effects[start][1] - {b.name for b in steps[start].outputs})
+    return [steps[i] for i in _overlapping_order(steps, _predecessors(steps, effects))]
+
+
+def _predecessors(steps: list, effects: list[tuple[set[str], set[str]]]) -> list[set[int]]:
+    """Per step, the earlier steps it must follow: it reads what they write, writes what they read
+    or write; and each collective follows the one before it."""
+    preds: list[set[int]] = [set() for _ in steps]
+    last_writer: dict[str, int] = {}
+    readers: dict[str, list[int]] = {}
+    for i, (reads, writes) in enumerate(effects):
+        preds[i].update(last_writer[b] for b in reads | writes if b in last_writer)
+        for b in writes:
+            preds[i].update(r for r in readers.get(b, ()) if r != i)
+        for b in reads:
+            readers.setdefault(b, []).append(i)
+        for b in writes:
+            last_writer[b], readers[b] = i, []
+    starts = [i for i, s in enumerate(steps) if is_start(s)]
+    for before, after in zip(starts, starts[1:]):
+        preds[after].add(before)
+    return preds
+
+
+def _overlapping_order(steps: list, preds: list[set[int]]) -> list[int]:
+    """A topological order that issues each collective as soon as its inputs are ready and takes
+    a wait only when nothing else can run; other steps keep their order where the data allows."""
+    users: list[list[int]] = [[] for _ in steps]
+    for i, before in enumerate(preds):
+        for j in before:
+            users[j].append(i)
+    waiting = [len(p) for p in preds]
+    rank = [0 if is_start(s) else 2 if is_wait(s) else 1 for s in steps]
+    ready = [(rank[i], i) for i, n in enumerate(waiting) if n == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(i)
+        for user in users[i]:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, (rank[user], user))
+    assert len(order) == len(steps), "the steps' dependencies have a cycle"
+    return order
+
+
+def collective_overlaps(steps: list) -> list[Overlap]:
+    """Per collective of the ordered `steps`, what runs between it and its wait."""
+    waits = {start: wait for wait, start in waited_collectives(steps).items()}
+    overlaps = []
+    for i, step in enumerate(steps):
+        if not is_start(step):
+            continue
+        between = steps[i + 1 : waits[i]] if i in waits else []
+        kernels = sum(1 for s in between if not isinstance(s, ExternCall))
+        externs = sum(1 for s in between if isinstance(s, ExternCall) and s.communication is None)
+        overlaps.append(Overlap(str(step.op), i, waits.get(i), kernels, externs))
+    return overlaps
