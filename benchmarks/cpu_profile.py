@@ -58,6 +58,17 @@ def cpu_ms(step: Callable[[], object], rounds: int) -> float:
     return min(samples) * 1e3
 
 
+def benchmarked_step(workload: suite.Workload, compiler: str) -> Callable[[], object]:
+    if workload.optimizer is not None:
+        return run.optimizer_step(workload, compiler)
+    model = workload.model
+    if isinstance(model, torch.nn.Module):
+        model = copy.deepcopy(model)
+    if compiler != "eager":
+        model = torch.compile(model, backend=compiler)
+    return run.make_step(model, workload)
+
+
 def profile(name: str, compilers: list[str], rounds: int, kernels: int) -> str:
     workload = suite.build(name)
     if workload is None:
@@ -65,15 +76,11 @@ def profile(name: str, compilers: list[str], rounds: int, kernels: int) -> str:
     cells = []
     for compiler in compilers:
         torch._dynamo.reset()
-        model = workload.model
-        if isinstance(model, torch.nn.Module):
-            model = copy.deepcopy(model)
-        if compiler != "eager":
-            model = torch.compile(model, backend=compiler)
         kernel_ns.clear()
         kernel_calls.clear()
-        # the step the benchmark times: for training, forward and backward (run.make_step)
-        cells.append(f"{compiler} {cpu_ms(run.make_step(model, workload), rounds):8.2f}")
+        # the step the benchmark times: for training, forward and backward (run.make_step), and the
+        # optimizer's update when the workload has one (run.optimizer_step)
+        cells.append(f"{compiler} {cpu_ms(benchmarked_step(workload, compiler), rounds):8.2f}")
         steps = rounds + 3  # warm-up included: the counters ran through it
         for symbol, ns in kernel_ns.most_common(kernels if compiler == "ember" else 0):
             calls = kernel_calls[symbol] // steps

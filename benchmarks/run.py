@@ -56,10 +56,12 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 import ember
-from benchmarks import suite
+from benchmarks import real_models, suite
 from ember.errors import EmberError
 
 COMPILERS = ("eager", "inductor", "ember")
+# --suite: the registry of workloads (benchmarks/README.md)
+SUITES: dict[str, dict[str, Callable[[bool], Any]]] = {"default": suite.WORKLOADS, "real": real_models.WORKLOADS}
 RTOL = ATOL = 1e-3
 MIN_ROUNDS = 5  # timing rounds always taken, whatever the time budget
 COMPILE_ONLY_TAG = "compile-only-result: "
@@ -116,6 +118,33 @@ def make_step(model: Callable, workload: suite.Workload, inputs: tuple | None = 
     return train_step
 
 
+def optimizer_step(workload: suite.Workload, compiler: str, dtype: torch.dtype | None = None) -> Callable[[], Any]:
+    """The whole training step of a workload with an optimizer (zero grads, loss, backward,
+    `optimizer.step()`), on a fresh copy of its model and optimizer (in `dtype` if given), compiled
+    as one function by `compiler`. Returns the loss; `step.state()` gives the parameters."""
+    module = copy.deepcopy(workload.model)
+    module = module.to(dtype) if dtype is not None else module
+    params = [p for p in module.parameters() if p.requires_grad]
+    optimizer = workload.optimizer(params)  # type: ignore[misc]
+    args = tree_map(upcast, workload.inputs) if dtype is torch.float64 else workload.inputs
+
+    def whole_step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = module(*args)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    mode = COMPILE_MODE["mode"]
+    step = whole_step if compiler == "eager" else torch.compile(whole_step, backend=compiler, dynamic=False, mode=mode)
+
+    def run() -> torch.Tensor:
+        return step()
+
+    run.state = lambda: [p.detach().clone() for p in params]  # type: ignore[attr-defined]
+    return run
+
+
 def upcast(x: Any) -> Any:
     return x.detach().double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
@@ -123,6 +152,9 @@ def upcast(x: Any) -> Any:
 def reference_outputs(workload: suite.Workload, eager_outputs: Any) -> tuple[Any, str]:
     """The workload run in float64 (a copy of the model), or eager float32 where that fails."""
     try:
+        if workload.optimizer is not None:
+            step = optimizer_step(workload, "eager", torch.float64)
+            return (step(), *step.state()), "float64"  # type: ignore[attr-defined]
         model = workload.model
         if isinstance(model, torch.nn.Module):
             model = copy.deepcopy(model).double()
@@ -158,10 +190,13 @@ def compare(outputs: Any, reference: Any) -> tuple[bool, float]:
 
 def compile_cold(workload: suite.Workload, compiler: str, result: ModelResult) -> tuple[Callable, Any] | None:
     """Compile and run once, timing it. Records the error and returns None when it fails."""
-    mode = COMPILE_MODE["mode"]
-    model = workload.model if compiler == "eager" else torch.compile(workload.model, backend=compiler, dynamic=False,
-                                                                     mode=mode)  # fmt: skip
-    step = make_step(model, workload)
+    if workload.optimizer is not None:  # each compiler steps its own copy of the model
+        step = optimizer_step(workload, compiler)
+    else:
+        mode = COMPILE_MODE["mode"]
+        model = workload.model if compiler == "eager" else torch.compile(workload.model, backend=compiler,
+                                                                         dynamic=False, mode=mode)  # fmt: skip
+        step = make_step(model, workload)
     if compiler == "ember":
         ember.metrics.reset()
     with warnings.catch_warnings(record=True) as caught:
@@ -173,6 +208,8 @@ def compile_cold(workload: suite.Workload, compiler: str, result: ModelResult) -
             result.errors[compiler] = describe_error(e)
             return None
         seconds = time.perf_counter() - start
+        if workload.optimizer is not None:  # the loss, then the parameters after one update
+            outputs = (outputs, *step.state())  # type: ignore[attr-defined]
     if compiler != "eager":
         result.compile_s[compiler] = seconds
     if compiler == "ember":
@@ -345,7 +382,7 @@ def warm_up_process(compilers: list[str], scratch: Path, device: str = "cpu") ->
 
 def warm_compile_seconds(name: str, ember_cache: Path, args, result: ModelResult) -> float | None:
     """Ember's compile time in a new process whose cache already holds this workload's kernels."""
-    command = [sys.executable, "-m", "benchmarks.run", "--models", name, "--compile-only"]
+    command = [sys.executable, "-m", "benchmarks.run", "--suite", args.suite, "--models", name, "--compile-only"]
     command += ["--quick"] if args.quick else []
     command += ["--strict"] if args.strict else []
     command += ["--device", args.device, "--batch-scale", str(args.batch_scale), "--mode", args.mode]
@@ -380,7 +417,7 @@ def compile_only(args: argparse.Namespace) -> None:
     if ember_cache is not None:
         os.environ["EMBER_CACHE_DIR"] = ember_cache
     for name in args.models:
-        workload = suite.build(name, args.quick)
+        workload = SUITES[args.suite][name](args.quick)
         if workload is None:
             continue
         workload = on_device(workload, args.device, args.batch_scale)
@@ -405,7 +442,7 @@ def run_suite(args: argparse.Namespace) -> list[ModelResult]:
         stack.enter_context(environment(EMBER_STRICT=strict, EMBER_CACHE_DIR="", TORCHINDUCTOR_CACHE_DIR=""))
         warm_up_process(args.compilers, root, args.device)
         for name in args.models:
-            workload = suite.build(name, args.quick)
+            workload = SUITES[args.suite][name](args.quick)
             workload = on_device(workload, args.device, args.batch_scale) if workload is not None else None
             if workload is None:
                 print(f"skipping {name}: `transformers` is not installed (pip install transformers)")
@@ -636,7 +673,13 @@ def first_line(error: Any) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(suite.WORKLOADS), help="comma-separated workloads")
+    parser.add_argument(
+        "--suite",
+        choices=sorted(SUITES),
+        default="default",
+        help="default: benchmarks/suite.py; real: real models, real sizes (benchmarks/real_models.py)",
+    )
+    parser.add_argument("--models", help="comma-separated workloads (default: all of the suite)")
     parser.add_argument("--compilers", default=",".join(COMPILERS), help="among eager,inductor,ember")
     parser.add_argument("--repeat", type=int, default=30, help="timing rounds (at most)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls of each compiler before timing")
@@ -661,10 +704,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.device == "cuda":  # fp32 means fp32 for every compiler: no TF32 in cuBLAS or cuDNN
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in args.models if m not in suite.WORKLOADS]
+    workloads = SUITES[args.suite]
+    args.models = [m.strip() for m in (args.models or ",".join(workloads)).split(",") if m.strip()]
+    unknown = [m for m in args.models if m not in workloads]
     if unknown:
-        parser.error(f"unknown workloads {unknown}; known: {', '.join(suite.WORKLOADS)}")
+        parser.error(f"unknown workloads {unknown} in suite {args.suite}; known: {', '.join(workloads)}")
     compilers = {c.strip() for c in args.compilers.split(",")} | {"eager"}  # eager is the baseline
     if compilers - set(COMPILERS):
         parser.error(f"unknown compilers {sorted(compilers - set(COMPILERS))}; known: {', '.join(COMPILERS)}")

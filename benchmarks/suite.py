@@ -6,6 +6,10 @@ Each entry is a factory `make(quick) -> Workload | None`. A `Workload` is a name
     model        an `nn.Module` or a plain function; for inference `model(*inputs)` gives the
                  outputs; for training (`is_training`) it gives a scalar loss, and the runner
                  times the whole step (zero grads, forward, loss, backward)
+    optimizer    for a training workload, optionally `make(parameters) -> torch.optim.Optimizer`:
+                 then the step also runs `optimizer.step()`, and the compilers compile the whole
+                 step (forward, backward, update) as one function, each on its own copy of the
+                 model and optimizer
     inputs       example inputs, float32 unless they are token ids or class targets
     bytes_moved  only for memory-bound micro-benchmarks: the least bytes a perfect kernel
                  reads and writes, so the runner can report GB/s
@@ -34,6 +38,7 @@ class Workload(NamedTuple):
     inputs: tuple[Any, ...]
     is_training: bool
     bytes_moved: int | None = None
+    optimizer: Callable[[Any], torch.optim.Optimizer] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,6 +338,35 @@ def make_llama(quick: bool) -> Workload | None:
     return Workload("llama", model, _token_ids(quick, 1000), False)
 
 
+class HuggingFaceLoss(nn.Module):
+    """A causal language model's loss on its own input_ids (next-token prediction)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+
+
+def make_gpt2_adamw(quick: bool) -> Workload | None:
+    """A GPT-2 training step with AdamW under one torch.compile: forward, backward and the
+    optimizer's update of every parameter and state (4 layers, width 256, 4 heads, vocab 1000,
+    2 x 128 tokens, no dropout). lr is small so that one step moves no weight by more than the
+    runner's tolerance, whatever the sign of a gradient that is zero up to rounding."""
+    if not has_transformers():
+        return None
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    layers, width, seq = (1, 64, 16) if quick else (4, 256, 128)
+    config = GPT2Config(n_layer=layers, n_embd=width, n_head=4, vocab_size=1000, n_positions=256, bos_token_id=0,
+                        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    model = HuggingFaceLoss(GPT2LMHeadModel(config).train())
+    ids = (torch.randint(0, 1000, (2, seq)),)
+    return Workload("gpt2_adamw", model, ids, True, optimizer=lambda params: torch.optim.AdamW(params, lr=1e-4))
+
+
 # The registry, in the order the runner goes through it.
 WORKLOADS: dict[str, Callable[[bool], Workload | None]] = {
     "mlp": make_mlp,
@@ -346,6 +380,7 @@ WORKLOADS: dict[str, Callable[[bool], Workload | None]] = {
     "bert": make_bert,
     "llama": make_llama,
     "mlp_train": make_mlp_train,
+    "gpt2_adamw": make_gpt2_adamw,
     "bandwidth": make_bandwidth,
     "column_sum": make_column_sum,
     "full_sum": make_full_sum,

@@ -179,6 +179,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         extern_calls=sum(1 for s in steps if not isinstance(s, KernelStep)),
         reduce_loops=generated.reduce_loops, fallback_ops=list(lowering.fallback_ops), explanation=explanation,
         tiled_kernels=generated.tiled_kernels, mutated_inputs=mutated_inputs(graph, steps),
+        inputs_written_in_place=len(graph.mutated_inputs),
         collectives=len(scheduled.overlaps), overlapped_kernels=sum(o.kernels for o in scheduled.overlaps),
     )  # fmt: skip
     call = record.in_profiler_range(call) if record is not None else call
@@ -216,6 +217,7 @@ def mutated_inputs(graph, steps: list) -> list[int]:
     """The positions of the inputs some step writes into (a CUDA graph must not copy them)."""
     written = {name for step in steps
                for name in (step.writes if isinstance(step, KernelStep) else mutated_buffers(step))}  # fmt: skip
+    written |= set(graph.mutated_inputs)  # stored in place by kernels (Note: inputs written in place)
     return [i for i, b in enumerate(graph.inputs) if b.name in written]
 
 
@@ -230,6 +232,7 @@ def _record(summary, timings: dict[str, float]) -> None:
         graphs_compiled=1,
         kernels_generated=summary.kernels,
         tiled_kernels=summary.tiled_kernels,
+        inputs_written_in_place=summary.inputs_written_in_place,
         fusions=summary.fusions,
         fusion_refusals=summary.refusals,
         extern_calls=summary.extern_calls,

@@ -50,6 +50,9 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         decompositions=decomposition_table(config.fallback_random),
+        # an inference graph's writes into its inputs stay in the graph as copy_, and its kernels
+        # store there in place (Note: inputs written in place, lower/mutation.py)
+        keep_inference_input_mutations=True,
     )
     start, ember_seconds = time.perf_counter(), metrics.compile_seconds.total()
     try:

@@ -184,3 +184,5 @@ class LoweredGraph:
     holds: dict[str, tuple[str, Layout]] = field(default_factory=dict)
     # "random_offset" buffer -> its value (Note: counter-based random numbers, lower/random.py)
     random_offsets: dict[str, int] = field(default_factory=dict)
+    # inputs a step stores into, in place (Note: inputs written in place, lower/mutation.py)
+    mutated_inputs: list[str] = field(default_factory=list)

@@ -32,6 +32,7 @@ class Metrics:
     extern_calls: int = 0  # all aten calls in wrappers (fallbacks included)
     fallback_calls: int = 0  # aten calls for ops ember has no lowering for
     fallback_ops: Counter = field(default_factory=Counter)
+    inputs_written_in_place: int = 0  # graph inputs kernels store into (Note: inputs written in place)
     # functional collectives in compiled graphs, and the ember kernels scheduled between each and its
     # wait, summed (Note: collectives in the graph, schedule/collectives.py)
     collective_calls: int = 0

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.run import SOURCE_CHANGED
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -39,3 +41,30 @@ def test_harness_produces_correct_rows(tmp_path):
                 "the warm compile should find every kernel cached"
             )
     assert "\nmlp " in done.stdout and "geomean speedup over eager, ember" in done.stdout
+
+
+def run_rows(tmp_path, *options: str) -> dict:
+    out = tmp_path / "bench.json"
+    command = [sys.executable, "-m", "benchmarks.run", "--quick", "--strict", "--compilers", "eager,ember"]
+    command += [*options, "--repeat", "2", "--warmup", "1", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {row["name"]: row for row in json.loads(out.read_text())["results"]}
+
+
+def test_optimizer_step_and_real_model_workloads(tmp_path):
+    """The whole training step with AdamW (each compiler on its own copy), and the real-model
+    suite's registry (`--suite real`, warm compile subprocess included)."""
+    pytest.importorskip("transformers")
+    rows = run_rows(tmp_path, "--models", "gpt2_adamw", "--no-warm")
+    rows |= run_rows(tmp_path, "--suite", "real", "--models", "resnet50_b1")
+    assert set(rows) == {"gpt2_adamw", "resnet50_b1"}
+    for name, row in rows.items():
+        errors = dict(row["errors"])
+        if errors.get("ember warm") == SOURCE_CHANGED:  # someone edited ember during the run
+            del errors["ember warm"]
+        assert errors == {}, f"{name}: {errors}"
+        assert row["correct"] == {"eager": True, "ember": True}, f"{name}: {row['max_error']}"
+        assert row["ember_metrics"]["fallback_calls"] == 0
+    assert rows["gpt2_adamw"]["ember_metrics"]["inputs_written_in_place"] > 0

@@ -102,7 +102,7 @@ def _affine_form(index: UOp) -> object:
 
 
 def _can_overwrite(victim: Buffer, out: Buffer) -> bool:
-    if victim.dtype != out.dtype:
+    if victim.dtype != out.dtype or out.kind == "input":  # an input stored in place keeps its own storage
         return False
     if victim.kind == "computed":  # allocated by the wrapper: its storage is exactly its layout's
         return victim.layout.storage_size == out.layout.storage_size

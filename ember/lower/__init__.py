@@ -4,6 +4,7 @@ from ember.lower import (  # noqa: F401  (registration)
     collectives,
     indexing,
     math_functions,
+    mutation,
     pointwise,
     pooling,
     random,

@@ -58,6 +58,7 @@ class LoweringContext:
     fallback_ops: list[str] = field(default_factory=list)
     fallback_random: bool = False  # random ops call aten (config.fallback_random)
     random_counters: int = 0  # Philox counters taken by earlier random ops (Note: counter-based random numbers)
+    mutations: list = field(default_factory=list)  # pending stores into inputs (lower/mutation.py)
     # what the backend the graph's kernels go to can do (Note: backends, backend.py): the ops it
     # cannot render, whether its reductions fold in eager's CPU order; never which backend it is
     unrenderable: frozenset[Ops] = frozenset()

@@ -16,6 +16,7 @@ from torch._C import DispatchKey
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 from ember.lower import transformer_fastpath
+from ember.lower.foreach import foreach_decompositions
 
 aten = torch.ops.aten
 
@@ -66,6 +67,7 @@ def decomposition_table(fallback_random: bool = False) -> dict:
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)
     table.update(CORRECTED)
+    table.update(foreach_decompositions())  # one aten op per tensor, fused per parameter (lower/foreach.py)
     # the fused transformer fast-path ops, as ops ember fuses (Note: the transformer fast path)
     table.update(transformer_fastpath.DECOMPOSITIONS)
     return table

@@ -30,6 +30,7 @@ from ember.lower.context import (
     same_strides,
     with_eager_unit_strides,
 )
+from ember.lower.mutation import emit_input_mutations
 from ember.lower.registry import EXTERN_BY_DESIGN, FULL_PRECISION_ONLY, Unsupported, lookup
 from ember.lower.values import TensorValue, as_strided_read, axis, const_index, load
 from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
@@ -84,6 +85,7 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], fallback_ra
             _record_holder(ctx.graph, node, env[node])
         elif node.op == "output":
             ctx.graph.outputs = _lower_outputs(ctx, node, env)
+            emit_input_mutations(ctx)  # after every read of the inputs' old contents
         else:
             raise EmberError("lower", f"unexpected FX node kind {node.op!r}", node.name)
     ctx.graph.buffers = ctx.buffers

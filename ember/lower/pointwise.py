@@ -18,7 +18,7 @@ from torch._prims_common import elementwise_dtypes
 
 from ember.ir import Layout
 from ember.lower.context import LoweringContext
-from ember.lower.registry import Unsupported, register
+from ember.lower.registry import Unsupported, register, register_by_name
 from ember.lower.values import TensorValue, broadcast_to, load
 from ember.uop.dtypes import DType, dtypes, from_torch, is_low_precision
 from ember.uop.ops import Ops, UOp
@@ -272,6 +272,22 @@ def lower_add_sub(ctx: LoweringContext, node: torch.fx.Node, a, b, alpha=1) -> T
     if is_low_precision(common):  # eager's kernel rounds alpha to float16/bfloat16 first
         alpha = UOp.const(common, alpha).arg
     return elementwise(node, lambda x, y: x.alu(op, y * UOp.const(y.dtype, alpha)), (a, b))
+
+
+def multiply_add(a: UOp, b: UOp, c: UOp) -> UOp:
+    """Note: prims.fma is one rounding
+    prims.fma(a, b, c) (dynamo writes addcmul_/addcdiv_ with a value, and add_ with a tensor alpha,
+    as a product or quotient and then fma: every Adam step) is documented as a * b + c without
+    rounding the product, which a float FMA gives (its eager implementation rounds twice; the
+    single rounding is the closer to float64). Integers multiply and add, wrapping."""
+    if a.dtype.is_bool:
+        raise Unsupported("fma of booleans")
+    return a.alu(Ops.MULACC, b, c)
+
+
+@register_by_name("prims::fma")
+def lower_fma(ctx: LoweringContext, node: torch.fx.Node, a, b, c) -> TensorValue:
+    return elementwise(node, multiply_add, (a, b, c))
 
 
 @register(aten.div)

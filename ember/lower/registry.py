@@ -12,6 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 LOWERINGS: dict[Any, Callable] = {}
+# Lowerings of ops that exist only once some part of torch has defined them (prims.fma comes with
+# torch._inductor.inductor_prims, which dynamo imports when it first rewrites addcmul_): keyed by
+# the schema's name ("prims::fma"), so ember never imports what defines them.
+LOWERINGS_BY_NAME: dict[str, Callable] = {}
 # Ops with no lowering by design: every call is an extern kernel running the aten op, and is
 # not counted as a fallback (Note: special functions, lower/math_functions.py).
 EXTERN_BY_DESIGN: set[Any] = set()
@@ -37,6 +41,17 @@ def register(*ops: Any, low_precision: bool = True) -> Callable[[Callable], Call
     return wrap
 
 
+def register_by_name(*names: str) -> Callable[[Callable], Callable]:
+    """Register `fn` for the ops whose schema is named `names` (every overload)."""
+
+    def wrap(fn: Callable) -> Callable:
+        for name in names:
+            LOWERINGS_BY_NAME[name] = fn
+        return fn
+
+    return wrap
+
+
 def register_extern(*packets: Any) -> None:
     """Declare that every overload of each packet runs as an aten extern kernel, on every backend."""
     EXTERN_BY_DESIGN.update(packets)
@@ -46,4 +61,7 @@ def lookup(target: Any) -> Callable | None:
     if target in LOWERINGS:
         return LOWERINGS[target]
     packet = getattr(target, "overloadpacket", None)
-    return LOWERINGS.get(packet)
+    if packet in LOWERINGS:
+        return LOWERINGS[packet]
+    schema = getattr(target, "_schema", None)
+    return LOWERINGS_BY_NAME.get(schema.name) if schema is not None else None

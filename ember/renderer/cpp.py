@@ -187,6 +187,16 @@ def _binary_call(u: UOp, a: str, b: str) -> str:
     return f"({a} {INFIX[u.op]} {b})"
 
 
+def _multiply_add(dtype: DType, a: str, b: str, c: str) -> str:
+    """a * b + c: one rounding for floats (fma: gcc vectorizes it to vfmadd under -march=native;
+    the file is compiled with -ffp-contract=off, so only this op fuses), wrapping for integers."""
+    if dtype.is_float:
+        return f"{libm('fma', dtype)}({a}, {b}, {c})"
+    if (unsigned := _wraps(dtype)) is not None:
+        return f"(({dtype.ctype})(({unsigned}){a} * ({unsigned}){b} + ({unsigned}){c}))"
+    return f"({a} * {b} + {c})"
+
+
 def _unary_call(u: UOp, x: str) -> str:
     if u.op is Ops.NEG and (unsigned := _wraps(u.dtype)) is not None:
         return f"(({u.dtype.ctype})(0 - ({unsigned}){x}))"
@@ -431,6 +441,8 @@ def _expression(u: UOp, srcs: list[str]) -> str:
         return f"ember_philox<{u.arg}>({srcs[0]}, (uint64_t){srcs[1]} + (uint64_t){srcs[2]})"
     if u.op is Ops.WHERE:
         return f"({srcs[0]} ? {srcs[1]} : {srcs[2]})"
+    if u.op is Ops.MULACC:
+        return _multiply_add(u.dtype, *srcs)
     if len(srcs) == 2:
         return _binary_call(u, *srcs)
     return _unary_call(u, srcs[0])

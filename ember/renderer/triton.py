@@ -151,6 +151,10 @@ def render_alu(u: UOp, srcs: list[str]) -> str:
         return special
     if u.op is Ops.WHERE:
         return f"tl.where({srcs[0]}, {srcs[1]}, {srcs[2]})"
+    if u.op is Ops.MULACC and u.dtype.is_float:  # one rounding, as C++'s fma
+        return f"tl.fma({srcs[0]}, {srcs[1]}, {srcs[2]})"
+    if u.op is Ops.MULACC:
+        return f"({srcs[0]} * {srcs[1]} + {srcs[2]})"
     if len(srcs) == 2:
         return _binary(u, *srcs)
     return _unary(u, srcs[0])

@@ -58,8 +58,10 @@ class Schedule:
 def schedule(graph: LoweredGraph, fusion: bool = True, blocks: bool = False) -> Schedule:
     """`blocks`: the kernels run as blocks of GPU programs (Note: fusions that starve the GPU)."""
     nodes = eliminate_dead(build_nodes(graph), graph)
-    outputs = {o.ref.name for o in graph.outputs if o.ref is not None}
-    nbytes = {c.name: c.buffer.layout.storage_size * c.buffer.dtype.itemsize for c in _computed(nodes)}
+    # an input stored in place is written like an output, and allocates nothing
+    outputs = {o.ref.name for o in graph.outputs if o.ref is not None} | set(graph.mutated_inputs)
+    nbytes = {c.name: c.buffer.layout.storage_size * c.buffer.dtype.itemsize if c.buffer.kind != "input" else 0
+              for c in _computed(nodes)}  # fmt: skip
     state = FusionState([Group([n]) for n in nodes], outputs, nbytes, blocks)  # the program order is topological
     if fusion:
         state = fuse(state)
@@ -78,8 +80,9 @@ def _computed(nodes: list[SchedulerNode]) -> list[ComputedBuffer]:
 
 
 def eliminate_dead(nodes: list[SchedulerNode], graph: LoweredGraph) -> list[SchedulerNode]:
-    """Computed buffers that no output needs; externs stay (they may have side effects)."""
-    needed = {o.ref.name for o in graph.outputs if o.ref is not None}
+    """Computed buffers that no output (nor store into an input) needs; externs stay (they may
+    have side effects)."""
+    needed = {o.ref.name for o in graph.outputs if o.ref is not None} | set(graph.mutated_inputs)
     alive: list[SchedulerNode] = []
     for node in reversed(nodes):
         if node.is_extern or any(b in needed for b in node.writes):

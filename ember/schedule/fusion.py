@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ember.ir import ComputedBuffer
-from ember.schedule.group import align, recomputed_member, resolve_bodies
+from ember.schedule.group import align, recomputed_member, resolve_bodies, unsafe_in_place_read
 from ember.schedule.nodes import SchedulerNode
 from ember.schedule.order import Plan, ScheduleOrder, ScheduleWork
 from ember.uop.ops import Ops, UOp
@@ -167,6 +167,8 @@ def why_no_fuse(state: FusionState, a: Group, b: Group) -> str | Fused:
         return bodies
     if (recomputed := recomputed_reduction(bodies, alignment)) is not None:
         return f"the reduction in {recomputed} would be recomputed for every element of an inner loop"
+    if (unsafe := unsafe_in_place_read([n.step for n in members], bodies, alignment)) is not None:
+        return unsafe
     if state.blocks and (starved := starved_programs(members, bodies)) is not None:
         return starved
     fused.alignment, fused.bodies = alignment, bodies

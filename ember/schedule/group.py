@@ -16,7 +16,7 @@ from ember.ir import ComputedBuffer, Layout
 from ember.lower.values import axis
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import Ops, RangeKind, UOp, substitute
-from ember.uop.symbolic import linear_terms, simplify
+from ember.uop.symbolic import distributed_terms, linear_terms, simplify
 
 
 def align(sizes: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[list[int]]] | None:
@@ -96,3 +96,33 @@ def resolve_bodies(group: list[ComputedBuffer]) -> dict[str, UOp] | str:
             mapping[u] = substitute(resolved[name], {axis(i): e for i, e in enumerate(exprs)})
         resolved[computed.name] = substitute(computed.body, mapping) if mapping else computed.body
     return resolved
+
+
+def unsafe_in_place_read(group: list[ComputedBuffer], bodies: dict[str, UOp], alignment: tuple) -> str | None:
+    """Note: inputs written in place (lower/mutation.py). A kernel that stores into an input
+    overwrites element i in iteration i; another iteration reading element j != i of it, or a
+    reduction's loops reading it again after the store, would see the new contents. So every
+    read of such an input anywhere in the group is at the stored element (in the group's loops),
+    and the group has no reductions. The reason it is unsafe, or None."""
+    _, placements = alignment
+    in_group = [{axis(i): axis(dim) for i, dim in enumerate(placement)} for placement in placements]
+    stored = {c.name: _element(c.buffer.layout.index([axis(i) for i in range(len(c.buffer.layout.size))]), to_group)
+              for c, to_group in zip(group, in_group) if c.buffer.kind == "input"}  # fmt: skip
+    if not stored:
+        return None
+    for c, to_group in zip(group, in_group):
+        for u in bodies[c.name].toposort:
+            if u.op in (Ops.REDUCE, Ops.SCAN):
+                return f"{c.name} reduces in a kernel that stores into input {', '.join(stored)} in place"
+            if u.op is Ops.INDEX and u.src[0].op is Ops.BUFFER and u.src[0].arg.name in stored:
+                name = u.src[0].arg.name
+                if _element(u.src[1], to_group) != stored[name]:
+                    return f"{c.name} reads input {name} at other elements than the kernel stores in place"
+    return None
+
+
+def _element(index: UOp, to_group: dict[UOp, UOp]) -> object:
+    """A canonical form of an element index in the group's axes (equal affine forms compare equal)."""
+    simplified = simplify(substitute(index, to_group))
+    form = distributed_terms(simplified)
+    return simplified if form is None else (frozenset(form[0].items()), form[1])

@@ -118,6 +118,11 @@ def mutated_buffers(step: ExternCall) -> list[str]:
     return mutated
 
 
+def writes_input(step: ComputedBuffer | IndexedStore | ExternCall) -> bool:
+    """A computed buffer stored into a graph input (Note: inputs written in place, lower/mutation.py)."""
+    return isinstance(step, ComputedBuffer) and step.buffer.kind == "input"
+
+
 def _waits_finish_mutations(nodes: list[SchedulerNode]) -> None:
     """A collective that mutates a buffer (`all_reduce_`) is done with it only at its wait, so the
     wait counts as a write of it too: its readers depend on the wait (Note: collectives in the
@@ -141,7 +146,7 @@ def _add_mutation_order(nodes: list[SchedulerNode]) -> None:
     """A node that mutates a buffer must run after every earlier reader of it (WeakDep)."""
     readers: dict[str, list[SchedulerNode]] = {}  # buffer -> its readers so far, in order
     for node in nodes:
-        if isinstance(node.step, IndexedStore):
+        if isinstance(node.step, IndexedStore) or writes_input(node.step):
             mutated = [node.step.name]
         elif isinstance(node.step, ExternCall):
             mutated = mutated_buffers(node.step)

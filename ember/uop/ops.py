@@ -100,6 +100,7 @@ class Ops(enum.Enum):
     # ops before rendering: Note: semantics written once)
     # ternary
     WHERE = enum.auto()
+    MULACC = enum.auto()  # a * b + c rounded once (a fused multiply-add), as prims.fma; integers wrap
     # random numbers (Note: counter-based random numbers, lower/random.py)
     PHILOX = enum.auto()  # src: (seed int64, offset int64, position index); arg: word 0..3; the uint32 word of
     # Philox4x32-10 at counter offset + position
@@ -143,7 +144,7 @@ BINARY_OPS = frozenset(
 )
 COMPARISON_OPS = frozenset({Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE, Ops.ISNAN, Ops.ISINF, Ops.SIGNBIT})
 COMMUTATIVE_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
-ALU_OPS = UNARY_OPS | BINARY_OPS | {Ops.WHERE, Ops.CAST}
+ALU_OPS = UNARY_OPS | BINARY_OPS | {Ops.WHERE, Ops.MULACC, Ops.CAST}
 
 
 @dataclass(frozen=True)

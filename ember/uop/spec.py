@@ -247,7 +247,7 @@ def _alu(u: UOp) -> str | None:
         if len(u.src) != 3 or not u.src[0].dtype.is_bool:
             return "takes (bool condition, if true, if false)"
         return None if u.dtype is u.src[1].dtype is u.src[2].dtype else "branches and result must share one dtype"
-    arity = 1 if u.op in UNARY_OPS else 2 if u.op in BINARY_OPS else len(u.src)
+    arity = 1 if u.op in UNARY_OPS else 2 if u.op in BINARY_OPS else 3 if u.op is Ops.MULACC else len(u.src)
     if len(u.src) != arity:
         return f"takes {arity} sources, has {len(u.src)}"
     operand = u.src[0].dtype

@@ -95,7 +95,9 @@ def generate_wrapper(
         if isinstance(step, KernelStep):
             inplace = kernels[i].inplace if i in kernels else {}
             for computed in step.group:
-                if computed.name in step.stored and not isinstance(computed, IndexedStore):  # it mutates
+                # an IndexedStore mutates a buffer made before; an input is stored in place
+                allocates = not isinstance(computed, IndexedStore) and computed.buffer.kind != "input"
+                if computed.name in step.stored and allocates:
                     buffers[computed.name] = computed.buffer
                     if computed.name in inplace:  # the kernel writes over a dying input
                         body.append(L.Reuse(buffers[inplace[computed.name]], computed.buffer))
