@@ -15,6 +15,7 @@ folder `cache_dir`, so the ranks compile the same graphs into the same cache at 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import traceback
 from collections.abc import Callable
@@ -90,7 +91,11 @@ def assert_cache_intact(cache_dir: Path) -> None:
     assert not [p for p in files if ORPHAN_NAME.fullmatch(p.name)], "temporary files left behind"
     for path in files:
         kind = path.relative_to(cache_dir).parts[0]
-        if path.suffix == ".json":
+        if path.name.endswith(".tune.json"):  # a Triton module's tuning record: <module>.<key[:12]>.tune.json
+            key = json.loads(path.read_text()).get("key", "")
+            assert key.startswith(path.name.split(".")[-3]), f"{path}: a tuning record of another key"
+            read_entry(path, key)  # raises CorruptEntry
+        elif path.suffix == ".json":
             payload = read_entry(path, path.stem)  # raises CorruptEntry
             if kind == "kernels" and "library" in payload:
                 read_verified(resolve_in_root(cache_dir, payload["library"]), payload["sha256"])
