@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from benchmarks.suite import HuggingFaceLoss
+
 BACKENDS = ("eager", "inductor", "ember")
 
 
@@ -116,15 +118,6 @@ def simple_fsdp(model: nn.Module, mesh) -> nn.Module:
     return model
 
 
-class LossOf(nn.Module):
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids, labels=ids, use_cache=False).loss
-
-
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -138,7 +131,7 @@ def run_backend(backend: str, args: argparse.Namespace, device: torch.device, me
     torch._dynamo.reset()
     ember.metrics.reset()
     model = shard(build_model(args, device), args.fsdp, mesh)
-    step_fn = LossOf(model)
+    step_fn = HuggingFaceLoss(model)
     if backend != "eager":
         step_fn = torch.compile(step_fn, backend=backend)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
