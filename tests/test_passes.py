@@ -488,3 +488,30 @@ def test_convolution_training_step_matches_eager():
     model(x).sum().backward()
     for got, expected in zip(grads, [p.grad for p in model.parameters()]):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+class TwoBranches(nn.Module):
+    """A stem, a pooling, then two convolutions reading the pooled activations (ResNet's first
+    block and its shortcut)."""
+
+    def __init__(self, pool: nn.Module):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), pool)
+        self.left, self.right = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(x)
+        return torch.tanh(self.left(y)) + self.right(y)
+
+
+@pytest.mark.parametrize("pool", [nn.MaxPool2d(3, 2, 1), nn.AvgPool2d(2), nn.MaxPool2d(2, 1)])
+def test_pooling_of_nhwc_activations_stays_nhwc(pool):
+    """The pooled activations are stored NHWC, walked channels innermost (one accumulator per
+    channel lane), and copied once however many convolutions read them: the stem's ReLU kernel,
+    the pooling kernel, the output's kernel and the 3 x 3 weights' OHWI copies, no NHWC copy of
+    the pooled activations (ember/lower/graph.py _channels_last_layout)."""
+    model = eval_model(TwoBranches(pool))
+    for shape in [(1, 4, 12, 12), (2, 4, 9, 11)]:
+        ember.metrics.reset()
+        check_inference(model, data(shape), atol=2e-5)
+        assert ember.metrics.kernels_generated == 5

@@ -189,8 +189,8 @@ def order_loops(sink: UOp) -> UOp:
     """Renumber loop ranges so the one with the largest store stride is outermost, as a
     row-major walk of each output keeps both the writes and most reads sequential."""
     loops = [u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce]
-    if len(loops) < 2 or any(u.op in (Ops.REDUCE, Ops.SCAN) or isinstance(u.arg, ScatterArg) for u in sink.toposort):
-        return sink  # reductions stay hoisted only while their loops stay outermost; scatters chose theirs
+    if len(loops) < 2 or not _loops_may_move(sink.toposort, set(loops)):
+        return sink
     stride = {r: 0 for r in loops}
     for store in (s for s in sink.src if s.op is Ops.STORE):
         for r, coefficient in _coefficients(store.src[0].src[1]).items():
@@ -201,6 +201,20 @@ def order_loops(sink: UOp) -> UOp:
         return sink
     renumbered = {r: UOp(Ops.RANGE, r.dtype, r.src, RangeArg(RangeKind.LOOP, i)) for i, r in enumerate(order)}
     return substitute(sink, renumbered)
+
+
+def _loops_may_move(uops: list[UOp], loops: set[UOp]) -> bool:
+    """Reductions stay hoisted only while their loops stay outermost (a row's maximum computed
+    once per row), so a kernel with a reduction keeps its order, unless every reduction varies
+    with every loop (a pooling window per output element: nothing hoisted, and walking NHWC
+    activations channels innermost gives the reduction one accumulator per lane, Note: lane
+    accumulators). Scans and scatters chose their order."""
+    for u in uops:
+        if u.op is Ops.SCAN or isinstance(u.arg, ScatterArg):
+            return False
+        if u.op is Ops.REDUCE and not loops <= u.ranges:
+            return False
+    return True
 
 
 def _coefficients(index: UOp) -> dict[UOp, int]:

@@ -64,22 +64,34 @@ def channels_last_convolutions(graph: torch.fx.Graph) -> int:
     if not convolutions:
         return 0
     before = _outputs(graph)
-    requests = []
+    requests: dict[torch.fx.Node, torch.fx.Node] = {}  # source -> its one NHWC copy, whatever reads it
     for conv in convolutions:
         for position in (0, 1) if wants_channels_last_weight(conv) else (0,):
-            with graph.inserting_before(conv):
-                request = graph.call_function(aten.clone.default, (conv.args[position],),
-                                              {"memory_format": torch.channels_last})  # fmt: skip
-            conv.update_arg(position, request)
-            requests.append(request)
-    meta.repropagate(graph, set(requests))
+            source = conv.args[position]
+            if source not in requests:
+                with graph.inserting_after(source):  # type: ignore[arg-type]
+                    requests[source] = graph.call_function(aten.clone.default, (source,),  # type: ignore[arg-type]
+                                                           {"memory_format": torch.channels_last})  # fmt: skip
+            conv.update_arg(position, requests[source])
+    meta.repropagate(graph, set(requests.values()))
+    _drop_copies_of_nhwc_values(graph, requests)
     if not _restore_output_layouts(graph, before):
-        for request in requests:
+        for request in requests.values():
             request.replace_all_uses_with(request.args[0])  # type: ignore[arg-type]
             graph.erase_node(request)
         meta.repropagate(graph, set(convolutions))
         return 0
     return len(convolutions)
+
+
+def _drop_copies_of_nhwc_values(graph: torch.fx.Graph, requests: dict[torch.fx.Node, torch.fx.Node]) -> None:
+    """A requested copy whose source became NHWC itself once the layouts spread (a pooling of
+    NHWC activations, which eager returns NHWC) is no copy at all: the convolution reads the source."""
+    for source, request in list(requests.items()):
+        if meta.same_layout(source.meta.get("val"), request.meta.get("val")):
+            request.replace_all_uses_with(source)
+            graph.erase_node(request)
+            del requests[source]
 
 
 def _outputs(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, Any]]:
