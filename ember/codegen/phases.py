@@ -19,7 +19,7 @@ lowering for C++ (`full_rewrite`), none for Triton's blocks (`block_rewrite`), w
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from ember.codegen.block_lowering import lower_blocks
@@ -203,7 +203,7 @@ def order_loops(sink: UOp) -> UOp:
     return substitute(sink, renumbered)
 
 
-def _loops_may_move(uops: list[UOp], loops: set[UOp]) -> bool:
+def _loops_may_move(uops: Iterable[UOp], loops: set[UOp]) -> bool:
     """Reductions stay hoisted only while their loops stay outermost (a row's maximum computed
     once per row), so a kernel with a reduction keeps its order, unless every reduction varies
     with every loop (a pooling window per output element: nothing hoisted, and walking NHWC

@@ -153,7 +153,8 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
     elif isinstance(value, tuple):
         metas = node.meta.get("val")
         metas = metas if isinstance(metas, (tuple, list)) and len(metas) == len(value) else (None,) * len(value)
-        value = tuple(_maybe_realize(ctx, node, v, m) if isinstance(v, TensorValue) else v for v, m in zip(value, metas))
+        value = tuple(_maybe_realize(ctx, node, v, m) if isinstance(v, TensorValue) else v
+                      for v, m in zip(value, metas))  # fmt: skip
     return value
 
 
