@@ -11,9 +11,10 @@ the weights are graph inputs that change between calls. Measured (benchmarks, RE
     runs about twice as fast as the BLAS behind aten's addmm.
   - convolution: a chain of per-channel affine ops after a 2-d convolution (eval-mode
     BatchNorm as AOTAutograd decomposes it: sub mean, mul invstd, mul weight, add bias) is
-    folded into the weights and bias at run time (w * scale, shift: tiny kernels over the
+    folded into the weights and bias at run time (w * scale, shift: kernels over the
     weights, not the activations), and a following sigmoid/tanh/silu becomes the
-    convolution's post-op. The BatchNorm pass over the activations disappears.
+    convolution's post-op. Folding costs a pass over the weight per call, so it is done only
+    where that pays (Note: when folding BatchNorm into the weight pays).
 
 relu is a post-op only under config.mkldnn_relu (EMBER_MKLDNN_RELU=1): oneDNN's relu maps NaN
 to 0 where aten keeps NaN. Without it, relu stays an ember kernel, fused with whatever reads
