@@ -68,8 +68,8 @@ def channels_last_convolutions(graph: torch.fx.Graph) -> int:
     for conv in convolutions:
         for position in (0, 1) if wants_channels_last_weight(conv) else (0,):
             source = conv.args[position]
-            if source not in requests:
-                with graph.inserting_after(source):  # type: ignore[arg-type]
+            if source not in requests:  # copied just before its first reader: a weight's copy lives no longer
+                with graph.inserting_before(conv):
                     requests[source] = graph.call_function(aten.clone.default, (source,),  # type: ignore[arg-type]
                                                            {"memory_format": torch.channels_last})  # fmt: skip
             conv.update_arg(position, requests[source])
