@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from tests.helpers import check, check_lowered, compile_fn, data, indices, test_device, to_test_device, transposed
+from tests.helpers import check, check_lowered, compile_fn, data, indices, to_test_device, transposed
 
 f32, f64, i32, i64, b8 = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
 

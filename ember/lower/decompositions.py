@@ -129,7 +129,10 @@ def index_fill(x, dim: int, index, value):
     copy_, which AOTAutograd's functional-graph check rejects (an AssertionError on a transposed
     or sliced input); index_put is functional on every torch."""
     flat = x.reshape(1) if x.dim() == 0 else x
-    fill = value.to(x.dtype) if isinstance(value, torch.Tensor) else torch.scalar_tensor(value, dtype=x.dtype, device=x.device)
+    if isinstance(value, torch.Tensor):
+        fill = value.to(x.dtype)
+    else:
+        fill = torch.scalar_tensor(value, dtype=x.dtype, device=x.device)
     positions = [None] * (dim % flat.dim()) + [index.reshape(-1)]
     return aten.index_put.default(flat, positions, fill).reshape(x.shape)
 
