@@ -235,10 +235,11 @@ def _error_flag_lines(kernels: dict[int, KernelBinary], gpu_error_slots: int) ->
     """The flags this call's kernels report errors in (Note: kernel errors, renderer/cpp.py), made
     per call: threads running one graph at once must not see each other's errors."""
     lines = []
-    if any(k.errors and k.triton is None for k in kernels.values()):
-        lines.append("    _error = KernelErrorFlag()")
+    if cpp_codes := max((len(k.errors) for k in kernels.values() if k.triton is None), default=0):
+        lines.append(f"    _error = KernelErrorFlag({cpp_codes})")
     if gpu_error_slots:
-        lines.append(f"    _gpu_errors = GpuErrorFlags({gpu_error_slots}, _device)")
+        gpu_codes = max(len(k.errors) for k in kernels.values() if k.triton is not None)
+        lines.append(f"    _gpu_errors = GpuErrorFlags({gpu_error_slots}, _device, {gpu_codes})")
     return lines
 
 
