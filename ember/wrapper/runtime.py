@@ -14,6 +14,7 @@ from ember.runtime.cpu import load_cached_kernel as load_kernel
 from ember.runtime.memory import empty_large
 from ember.runtime.search import search_cpu_kernel
 from ember.runtime.triton import TritonLauncher, import_module
+from ember.runtime.triton_pool import compile_pool
 
 # Note: profiler ranges. Under torch.profiler, each kernel and extern call of a wrapper runs in
 # its own named range (`ember kernel_3: gelu, mul, sum`). A wrapper carries the source of that
@@ -95,10 +96,17 @@ def constant_on(constants: dict, name: str, device: torch.device) -> torch.Tenso
     return value
 
 
-def load_triton_kernel(root: str, relative: str, sha256: str, name: str, **launch) -> TritonLauncher:
+def load_triton_kernel(root: str, relative: str, sha256: str, name: str, device: torch.device | None = None,
+                       **launch) -> TritonLauncher:  # fmt: skip
     """A Triton kernel as a wrapper names it: its module's path relative to the cache root
-    and the module's checksum (Note: cache safety)."""
-    return TritonLauncher(import_module(root, relative, sha256, launch["interpret"]), name, **launch)
+    and the module's checksum (Note: cache safety). On a CUDA `device` its configurations are
+    compiled from now on, in the compile pool (Note: the compile pool, runtime/triton_pool.py)."""
+    module = import_module(root, relative, sha256, launch["interpret"])
+    launcher = TritonLauncher(module, name, **launch, root=root, relative=relative)
+    if device is not None and device.type == "cuda" and not launch["interpret"]:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        launcher.precompile(index, compile_pool())
+    return launcher
 
 
 def assert_layout(t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype, name: str) -> None:
@@ -149,18 +157,22 @@ class GpuErrorFlags:
     renderer/triton.py), made per call (threads running one graph each have theirs) and read once
     at the end of it."""
 
+    # 16 bytes from one slot to the next: every kernel's flag pointer is aligned, so the kernels
+    # compiled ahead for aligned pointers are the ones launched (Note: ember owns the Triton compile)
+    STRIDE = 4
+
     def __init__(self, slots: int, device: torch.device) -> None:
-        self.flags = torch.zeros(slots, dtype=torch.int32, device=device)
+        self.flags = torch.zeros(slots * self.STRIDE, dtype=torch.int32, device=device)
 
     def slot(self, i: int) -> torch.Tensor:
-        return self.flags[i : i + 1]
+        return self.flags[i * self.STRIDE : i * self.STRIDE + 1]
 
     def check(self, errors: list[list[tuple[str, str]]]) -> None:
         recorder = getattr(capture_state, "recorder", None)
         if recorder is not None:  # being recorded as a CUDA graph: the runner checks after each replay
             recorder.append((self, errors))
             return
-        for slot, code in enumerate(self.flags.tolist()):
+        for slot, code in enumerate(self.flags[:: self.STRIDE].tolist()):
             if code:
                 kind, message = errors[slot][code - 1]
                 raise getattr(builtins, kind, RuntimeError)(f"{message} (reported by an ember kernel)")
