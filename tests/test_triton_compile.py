@@ -31,7 +31,7 @@ from tests.helpers import run_threads
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ("cuda", 90, 32)
 
-KERNELS = '''
+KERNELS = """
 import triton
 import triton.language as tl
 
@@ -46,7 +46,7 @@ def good_pointwise(x_ptr, XBLOCK: tl.constexpr):
 def bad_pointwise(x_ptr, XBLOCK: tl.constexpr):
     offsets = tl.arange(0, 3)  # not a power of two: Triton refuses to compile it
     tl.store(x_ptr + offsets, tl.load(x_ptr + offsets))
-'''
+"""
 
 CRASHING = "import os\nos._exit(3)  # the worker importing this module dies\n"
 

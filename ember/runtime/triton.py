@@ -23,6 +23,7 @@ import sys
 import threading
 import types
 from collections.abc import Callable
+from concurrent.futures import wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
@@ -132,6 +133,7 @@ class LaunchConfig:
 #   the launches) for TUNING_REP_MS, after TUNING_WARMUP_MS, through the compiled kernel's
 #   direct launch: about 5 ms a candidate, not the 25 ms and binder launches of before.
 TINY_KERNEL_ELEMENTS = 1 << 16
+POOL_WAIT_S = 300  # past this, a configuration the pool has not finished is compiled by the caller too
 TUNING_WARMUP_MS = 1
 TUNING_REP_MS = 5
 
@@ -316,7 +318,7 @@ class TritonLauncher:
         if pending is None:
             metrics.add(triton_compiles_in_process=1)
         else:
-            pending.exception()  # waits; a failure there is compiled (and raised) here
+            wait([pending], timeout=POOL_WAIT_S)  # a failure (or a stuck worker): compiled (and raised) here
         try:
             return loaded(compile_kernel(getattr(self.module, request.function), request))
         except Exception as e:

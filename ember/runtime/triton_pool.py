@@ -67,14 +67,16 @@ class Worker:
 
     def __init__(self) -> None:
         self.process: subprocess.Popen | None = None
+        self.lock = threading.Lock()  # `started` runs on the pool's `start` caller and on the serving thread
 
     def started(self) -> subprocess.Popen:
         """The worker's process, started now if it is not running."""
-        if self.process is None or self.process.poll() is not None:
-            self.process = subprocess.Popen([sys.executable, "-m", "ember.runtime.triton_worker"],
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=subprocess.DEVNULL, env=worker_environment())  # fmt: skip
-        return self.process
+        with self.lock:
+            if self.process is None or self.process.poll() is not None:
+                self.process = subprocess.Popen([sys.executable, "-m", "ember.runtime.triton_worker"],
+                                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                stderr=subprocess.DEVNULL, env=worker_environment())  # fmt: skip
+            return self.process
 
     def compile(self, request: CompileRequest) -> None:
         """Has the worker compile `request`; CompileFailed when it cannot."""
@@ -98,7 +100,8 @@ class Worker:
 
     def stop(self) -> None:
         """Ends a worker that stopped answering (it may be stuck or half dead): killed, reaped."""
-        process, self.process = self.process, None
+        with self.lock:
+            process, self.process = self.process, None
         if process is not None:
             process.kill()
             process.wait()
@@ -160,8 +163,11 @@ class CompilePool:
     def start(self) -> None:
         """Starts every worker process now (each imports Triton once): a compile about to
         submit work calls this early, so that start-up overlaps its other stages."""
-        for _ in self.workers:
-            self.jobs.put(("start", None))
+        for worker in self.workers:
+            try:
+                worker.started()
+            except OSError:
+                pass  # the first request reports it
 
     def worker_pids(self) -> list[int]:
         return [pid for w in self.workers if (pid := w.pid) is not None]
@@ -171,9 +177,6 @@ class CompilePool:
             request, future = self.jobs.get()
             if request is None:
                 return
-            if request == "start":
-                _start(worker)
-                continue
             if not future.set_running_or_notify_cancel():
                 continue
             if self.closed:  # exiting: what is still queued is dropped
@@ -203,14 +206,6 @@ class CompilePool:
             self.jobs.put((None, None))
         for worker in self.workers:
             worker.close()
-
-
-def _start(worker: Worker) -> None:
-    """A worker started with nothing to compile: its process now pays Triton's import."""
-    try:
-        worker.started()
-    except OSError:
-        pass  # the first request reports it
 
 
 _pool: CompilePool | None = None
