@@ -103,8 +103,10 @@ def test_the_pool_compiles_in_parallel_workers_into_the_given_triton_cache(modul
     cache = tmp_path / "triton"
     futures = [pool.submit(request_for(modules["kernels"], "good_pointwise", x, cache))[0] for x in (128, 256, 512)]
     assert [f.exception(timeout=600) for f in futures] == [None, None, None]
-    assert len([p for p in cache.iterdir() if p.is_dir()]) == 3  # one Triton cache entry per configuration
+    assert len([p for p in cache.iterdir() if p.is_dir()]) >= 3  # an entry per configuration (and the launcher's)
     assert len(pool.worker_pids()) == 2
+    # one C launcher per list of argument types: asked of the first request only
+    assert [f.result() for f in futures].count("compiled") == 2
 
 
 def test_a_failing_compile_names_its_kernel_and_the_pool_goes_on(modules, pool, tmp_path):
@@ -214,3 +216,33 @@ def test_every_kernel_error_flag_is_16_byte_aligned():
     flags.slot(3).fill_(2)
     with pytest.raises(ValueError, match="second"):
         flags.check([[("IndexError", "first")]] * 3 + [[("IndexError", "first"), ("ValueError", "second")]] * 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="launches kernels on a GPU")
+def test_on_a_gpu_the_first_call_finds_every_kernel_and_launcher_compiled(tmp_path, monkeypatch):
+    """A CUDA graph's wrapper loads; once the pool is done, the first call (tuning included)
+    adds nothing to Triton's cache: every kernel and C launcher it loads was built by the pool."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ember.compile_graph import compile_graph
+    from ember.config import load
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+
+    def program(x, w):
+        return torch.softmax(x, -1) * w + 1, (x * 2).sum(0)
+
+    x, w = torch.randn(512, 1000, device="cuda"), torch.randn(1000, device="cuda")
+    call = compile_graph(make_fx(program)(x, w), [x, w], load(cache_dir=str(tmp_path / "ember")))
+    pool = compile_pool()
+    with pool.lock:
+        pending = list(pool.futures.values())
+    assert all(f.exception(timeout=600) is None for f in pending)
+    before = set((tmp_path / "triton").iterdir())
+    got = call([x, w])
+    torch.cuda.synchronize()
+    assert set((tmp_path / "triton").iterdir()) == before
+    for value, expected in zip(got, program(x.double(), w.double())):
+        torch.testing.assert_close(value, expected.float(), rtol=1e-5, atol=1e-5)
+    assert ember.metrics.triton_configs_precompiled >= 2 and ember.metrics.triton_compiles_in_process == 0
+    assert ember.metrics.triton_kernels_tuned >= 1

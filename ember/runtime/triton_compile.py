@@ -80,6 +80,13 @@ class CompileRequest:
     environment: tuple[tuple[str, str], ...] = ()
 
     @property
+    def launcher_key(self) -> tuple:
+        """What Triton's C launcher for this kernel depends on (the argument types and where the
+        block sizes sit; their values are compiled into the kernel, not the launcher) and the
+        Triton cache it is built into."""
+        return self.cache_dir, self.target, self.signature, tuple(name for name, _ in self.constexprs)
+
+    @property
     def kernel(self) -> str:
         """How errors name this compile."""
         blocks = ", ".join(f"{k}={v}" for k, v in self.constexprs)
@@ -120,16 +127,31 @@ def compile_kernel(fn: Any, request: CompileRequest) -> Any:
     return triton.compile(source, target=GPUTarget(*request.target), options=options)
 
 
-def compile_in_worker(request: CompileRequest) -> None:
+def compile_in_worker(request: CompileRequest, build_launcher: bool) -> str:
     """What a pool worker does with a request (runtime/triton_pool.py): the module imported from
     its verified bytes, compiled under the launcher's cache folder and environment, so the
-    entry lands where the launcher's own compile looks."""
+    entry lands where the launcher's own compile looks; with `build_launcher`, Triton's C launcher
+    for its argument types too. Returns a note for the pool's future."""
     from ember.runtime.triton import import_module
 
     os.environ["TRITON_CACHE_DIR"] = request.cache_dir
     _apply_environment(dict(request.environment))
     module = import_module(request.root, request.relative, request.sha256, interpret=False)
-    compile_kernel(getattr(module, request.function), request)
+    kernel = compile_kernel(getattr(module, request.function), request)
+    return cuda_launcher(kernel) if build_launcher and request.target[0] == "cuda" else "compiled"
+
+
+def cuda_launcher(kernel: Any) -> str:
+    """Triton's C launcher for `kernel`'s argument types, built (gcc, about a second) into
+    Triton's cache, where loading the kernel in the launcher's process finds it. A launcher
+    that cannot be built here (no libcuda on a machine without a GPU) is built there instead."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        CudaLauncher(kernel.src, kernel.metadata)
+        return "compiled with its launcher"
+    except Exception as e:
+        return f"compiled; no launcher ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
 
 
 def _apply_environment(wanted: dict[str, str]) -> None:

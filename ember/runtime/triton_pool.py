@@ -2,8 +2,10 @@
 processes (Note: the compile pool).
 
 Takes `CompileRequest`s (runtime/triton_compile.py) and gives a `Future` per request, done when
-a worker has compiled it into Triton's on-disk cache. The launcher then compiles the same request
-itself, which is a cache hit: the pool only moves the work earlier and spreads it over cores.
+a worker has compiled it into Triton's on-disk cache (and, for the first request of each list of
+argument types, built Triton's C launcher for them, a gcc run the launcher's process would
+otherwise pay at the kernel's first load). The launcher then compiles the same request itself,
+which is a cache hit: the pool only moves the work earlier and spreads it over cores.
 
 Note: the compile pool
     Triton compiles one configuration in 0.3 to 1 s of one core, and a graph has tens of kernels
@@ -78,12 +80,12 @@ class Worker:
                                                 stderr=subprocess.DEVNULL, env=worker_environment())  # fmt: skip
             return self.process
 
-    def compile(self, request: CompileRequest) -> None:
-        """Has the worker compile `request`; CompileFailed when it cannot."""
+    def compile(self, request: CompileRequest, build_launcher: bool) -> str:
+        """Has the worker compile `request` (and its C launcher); its note, or CompileFailed."""
         process = self.started()
         assert process.stdin is not None and process.stdout is not None
         try:
-            write_message(process.stdin, request)
+            write_message(process.stdin, (request, build_launcher))
             reply = read_message(process.stdout)
         except (OSError, ValueError):
             reply = None
@@ -91,8 +93,10 @@ class Worker:
             self.stop()
             raise CompileFailed(f"runtime: the compile worker for Triton kernel {request.kernel} exited "
                                 f"(code {process.poll()}) before answering")  # fmt: skip
-        if reply != "ok":
-            raise CompileFailed(f"runtime: Triton kernel {request.kernel} failed to compile: {reply}")
+        status, note = reply
+        if status != "ok":
+            raise CompileFailed(f"runtime: Triton kernel {request.kernel} failed to compile: {note}")
+        return note
 
     @property
     def pid(self) -> int | None:
@@ -135,6 +139,7 @@ class CompilePool:
         self.workers = [Worker() for _ in range(workers)]
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.futures: dict[CompileRequest, Future] = {}
+        self.launchers: set[tuple] = set()  # argument types whose C launcher a worker was asked to build
         self.lock = threading.Lock()
         self.closed = False
         self.threads = [threading.Thread(target=self._serve, args=(w,), name=f"ember-compile-{i}", daemon=True)
@@ -149,10 +154,12 @@ class CompilePool:
             if future is not None:
                 return future, False
             future = self.futures[request] = Future()
+            build_launcher = request.launcher_key not in self.launchers
+            self.launchers.add(request.launcher_key)
             if self.closed:
                 future.set_exception(CompileFailed("runtime: the Triton compile pool is shut down"))
             else:
-                self.jobs.put((request, future))
+                self.jobs.put((request, future, build_launcher))
             return future, True
 
     def pending(self, request: CompileRequest) -> Future | None:
@@ -174,7 +181,7 @@ class CompilePool:
 
     def _serve(self, worker: Worker) -> None:
         while True:
-            request, future = self.jobs.get()
+            request, future, build_launcher = self.jobs.get()
             if request is None:
                 return
             if not future.set_running_or_notify_cancel():
@@ -183,7 +190,7 @@ class CompilePool:
                 future.set_exception(CompileFailed(f"runtime: the Triton compile pool is shut down ({request.kernel})"))
                 continue
             try:
-                worker.compile(request)
+                note = worker.compile(request, build_launcher)
             except Exception as e:  # CompileFailed, or a worker that could not start
                 future.set_exception(
                     e
@@ -193,7 +200,7 @@ class CompilePool:
                     )
                 )
             else:
-                future.set_result(None)
+                future.set_result(note)
 
     def shutdown(self) -> None:
         """At exit: queued requests are dropped and every worker's pipe closed, so workers exit
@@ -203,7 +210,7 @@ class CompilePool:
                 return
             self.closed = True
         for _ in self.threads:
-            self.jobs.put((None, None))
+            self.jobs.put((None, None, False))
         for worker in self.workers:
             worker.close()
 
