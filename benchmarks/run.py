@@ -599,6 +599,17 @@ def bandwidth_lines(results: list[ModelResult]) -> list[str]:
     return lines
 
 
+def total_compile_line(results: list[ModelResult], compilers: list[str]) -> str:
+    """Cold compile summed over the workloads every compiler compiled (the suite-wide comparison)."""
+    both = [r for r in results if all(c in r.compile_s for c in compilers)]
+    totals = {c: sum(r.compile_s[c] for r in both) for c in compilers}
+    text = ", ".join(f"{c} {s:.1f} s" for c, s in totals.items())
+    ratio = ""
+    if totals.get("inductor") and "ember" in totals:
+        ratio = f" (ember/inductor {totals['ember'] / totals['inductor']:.2f})"
+    return f"cold compile, total over the {len(both)} workloads every compiler compiled: {text or '-'}{ratio}"
+
+
 def report(results: list[ModelResult], compilers: list[str], statistic: str) -> str:
     out = [f"times: {statistic} of the timing samples", format_table(table_rows(results, compilers)), ""]
     for compiler in compilers:
@@ -608,6 +619,7 @@ def report(results: list[ModelResult], compilers: list[str], statistic: str) -> 
             text = "-" if mean is None else f"{mean:.2f}x over {len(values)} workloads"
             out.append(f"geomean speedup over eager, {compiler}: {text}")
     out.append("(* = ember ran some graphs eagerly; the geomean counts only correct, fully compiled workloads)")
+    out.append(total_compile_line(results, [c for c in compilers if c != "eager"]))
     out += ["", f"bandwidth (bytes a fused kernel must move / {statistic} time):", *bandwidth_lines(results)]
     out += ["", "details:", *details(results)]
     return "\n".join(out)
