@@ -102,7 +102,7 @@ def triton_settings() -> tuple[tuple[tuple[str, Any], ...], str, tuple[tuple[str
     options = (("debug", bool(triton.knobs.runtime.debug)),
                ("instrumentation_mode", triton.knobs.compilation.instrumentation_mode))  # fmt: skip
     environment = tuple(sorted(get_cache_invalidating_env_vars().items()))
-    return options, triton.knobs.cache.dir, environment
+    return options, os.path.abspath(triton.knobs.cache.dir), environment
 
 
 def compile_kernel(fn: Any, request: CompileRequest) -> Any:
@@ -123,7 +123,8 @@ def compile_kernel(fn: Any, request: CompileRequest) -> Any:
              for name, kind, aligned in zip(names, request.signature, request.aligned)
              if aligned and kind.startswith("*")}  # fmt: skip
     source = ASTSource(fn, signature, constexprs=blocks, attrs=attrs)
-    options = {**dict(request.options), "num_warps": request.num_warps, "enable_fp_fusion": False}  # Note: no FMA
+    # no FMA contraction: eager rounds a product and a sum separately
+    options = {**dict(request.options), "num_warps": request.num_warps, "enable_fp_fusion": False}
     return triton.compile(source, target=GPUTarget(*request.target), options=options)
 
 

@@ -77,7 +77,8 @@ class Worker:
             if self.process is None or self.process.poll() is not None:
                 self.process = subprocess.Popen([sys.executable, "-m", "ember.runtime.triton_worker"],
                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                stderr=subprocess.DEVNULL, env=worker_environment())  # fmt: skip
+                                                stderr=subprocess.DEVNULL, env=worker_environment(),
+                                                cwd=PACKAGE_PARENT)  # fmt: skip
             return self.process
 
     def compile(self, request: CompileRequest, build_launcher: bool) -> str:
@@ -121,12 +122,16 @@ class Worker:
                 pass
 
 
+# The folder holding this process's ember: a worker starts there (`-m` puts it first on the path)
+# and has it on PYTHONPATH, so it runs the same source, whatever the caller's folder holds.
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+
 def worker_environment() -> dict[str, str]:
     """This process's environment, without the interpreter switch (a worker compiles for the
-    GPU), and with this process's ember first on the path (a worker runs the same source)."""
+    GPU), and with this process's ember first on the path."""
     environment = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    package_parent = str(Path(__file__).resolve().parents[2])
-    environment["PYTHONPATH"] = os.pathsep.join([package_parent, *filter(None, [os.environ.get("PYTHONPATH")])])
+    environment["PYTHONPATH"] = os.pathsep.join([PACKAGE_PARENT, *filter(None, [os.environ.get("PYTHONPATH")])])
     return environment
 
 
