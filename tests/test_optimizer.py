@@ -22,7 +22,28 @@ def mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
 
 
+def dynamo_decomposes_addcmul_to_fma() -> bool:
+    """torch 2.13's dynamo traces `addcmul_(value=)` as mul, then prims.fma; torch 2.11's does not
+    (its graph rounds the product first, and ember computes the graph it is given)."""
+    from torch._dynamo.variables.tensor import TensorVariable
+
+    return hasattr(TensorVariable, "method_addcmul_")
+
+
 def test_fma_rounds_once():
+    """prims.fma(a, b, c) rounds once: with a = b = 1 + 2^-12 and c = -(1 + 2^-11), the exact
+    result 2^-24 survives, where rounding a * b first gives 0."""
+    from torch._inductor import inductor_prims  # registers prims.fma (tests may import inductor)
+
+    a = torch.full((64,), 1 + 2**-12)
+    c = torch.full((64,), -(1 + 2**-11))
+    got = compile_fn(lambda a, c: inductor_prims.fma(a, a, c))(a, c)
+    assert torch.equal(got, torch.full((64,), 2**-24))
+    assert ember.metrics.fallback_calls == 0
+
+
+@pytest.mark.skipif(not dynamo_decomposes_addcmul_to_fma(), reason="this torch's dynamo keeps addcmul_ unfused")
+def test_addcmul_in_place_rounds_once():
     """addcmul_(t1, t2, value=v) is fma(t1 * t2, v, self): with t2 = 1 and v = 1 + 2^-12, the fma
     computes (1 + 2^-12)^2 - (1 + 2^-11) = 2^-24 exactly, where rounding v * t1 first gives 0."""
     t1 = torch.full((64,), 1 + 2**-12)
