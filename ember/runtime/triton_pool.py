@@ -8,8 +8,8 @@ otherwise pay at the kernel's first load). The launcher then compiles the same r
 which is a cache hit: the pool only moves the work earlier and spreads it over cores.
 
 Note: the compile pool
-    Triton compiles one configuration in 0.3 to 1 s of one core, and a graph has tens of kernels
-    with a few configurations each. One pool per process (`compile_pool`), made on first use
+    Triton compiles one configuration in about half a second of one core, and a graph has tens
+    of kernels with a few configurations each. One pool per process (`compile_pool`), made on first use
     (under a lock; again after a fork), holds up to `config.compile_threads` workers (one per
     usable core by default, at most MAX_WORKERS). Each worker is a fresh Python
     (`python -m ember.runtime.triton_worker`, so a user's unguarded script is never re-run, as
