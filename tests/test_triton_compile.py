@@ -243,6 +243,6 @@ def test_on_a_gpu_the_first_call_finds_every_kernel_and_launcher_compiled(tmp_pa
     torch.cuda.synchronize()
     assert set((tmp_path / "triton").iterdir()) == before
     for value, expected in zip(got, program(x.double(), w.double())):
-        torch.testing.assert_close(value, expected.float(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(value, expected.float(), rtol=1e-4, atol=1e-4)
     assert ember.metrics.triton_configs_precompiled >= 2 and ember.metrics.triton_compiles_in_process == 0
     assert ember.metrics.triton_kernels_tuned >= 1

@@ -10,6 +10,7 @@ import threading
 import torch
 from torch.utils._pytree import tree_leaves
 
+from ember.config import load as load_config
 from ember.runtime.cpu import load_cached_kernel as load_kernel
 from ember.runtime.memory import empty_large
 from ember.runtime.search import search_cpu_kernel
@@ -105,7 +106,7 @@ def load_triton_kernel(root: str, relative: str, sha256: str, name: str, device:
     launcher = TritonLauncher(module, name, **launch, root=root, relative=relative)
     if device is not None and device.type == "cuda" and not launch["interpret"]:
         index = device.index if device.index is not None else torch.cuda.current_device()
-        launcher.precompile(index, compile_pool())
+        launcher.precompile(index, compile_pool(load_config().compile_threads))  # (the size: if made now)
     return launcher
 
 
