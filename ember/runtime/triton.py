@@ -239,7 +239,8 @@ class TritonLauncher:
         self.root, self.relative = root, relative  # the module in the cache, for compile requests
         self.config: LaunchConfig | None = None
         self.compiled: dict[tuple, Any] = {}  # pointer alignments -> compiled kernel
-        self.grid, self.constexprs, self.stream_device = 0, (), 0
+        self.grid, self.stream_device = 0, 0
+        self.constexprs: tuple[int, ...] = ()
         self.pool: CompilePool | None = None
         self.lock = threading.Lock()
 
@@ -342,7 +343,7 @@ class TritonLauncher:
     def tuning_record(self, device_name: str) -> tuple[Path, str]:
         """Where the winner for this module on `device_name` is recorded, and its key."""
         key = content_hash(self.module._sha256, self.name, device_name)
-        return Path(self.module.__file__).with_suffix(f".{key[:12]}.tune.json"), key
+        return Path(str(self.module.__file__)).with_suffix(f".{key[:12]}.tune.json"), key
 
     def recorded_winner(self, device_name: str) -> LaunchConfig | None:
         record, key = self.tuning_record(device_name)
