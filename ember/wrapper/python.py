@@ -185,7 +185,7 @@ def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: 
     for k in {k.var: k for k in kernels.values()}.values():
         if k.triton is not None:
             head.append(f"{k.var} = load_triton_kernel(_cache_root, {k.path!r}, {k.sha256!r}, {k.symbol!r}, "
-                        f"**{k.triton!r})")  # fmt: skip
+                        f"_device, **{k.triton!r})")  # fmt: skip
             continue
         arity = len(k.params) + bool(k.errors)
         if k.search is not None:  # a search at the first call (runtime/search.py) binds the winner

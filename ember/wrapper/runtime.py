@@ -10,10 +10,12 @@ import threading
 import torch
 from torch.utils._pytree import tree_leaves
 
+from ember.config import load as load_config
 from ember.runtime.cpu import load_cached_kernel as load_kernel
 from ember.runtime.memory import empty_large
 from ember.runtime.search import search_cpu_kernel
 from ember.runtime.triton import TritonLauncher, import_module
+from ember.runtime.triton_pool import compile_pool
 
 # Note: profiler ranges. Under torch.profiler, each kernel and extern call of a wrapper runs in
 # its own named range (`ember kernel_3: gelu, mul, sum`). A wrapper carries the source of that
@@ -95,10 +97,17 @@ def constant_on(constants: dict, name: str, device: torch.device) -> torch.Tenso
     return value
 
 
-def load_triton_kernel(root: str, relative: str, sha256: str, name: str, **launch) -> TritonLauncher:
+def load_triton_kernel(root: str, relative: str, sha256: str, name: str, device: torch.device | None = None,
+                       **launch) -> TritonLauncher:  # fmt: skip
     """A Triton kernel as a wrapper names it: its module's path relative to the cache root
-    and the module's checksum (Note: cache safety)."""
-    return TritonLauncher(import_module(root, relative, sha256, launch["interpret"]), name, **launch)
+    and the module's checksum (Note: cache safety). On a CUDA `device` its configurations are
+    compiled from now on, in the compile pool (Note: the compile pool, runtime/triton_pool.py)."""
+    module = import_module(root, relative, sha256, launch["interpret"])
+    launcher = TritonLauncher(module, name, **launch, root=root, relative=relative)
+    if device is not None and device.type == "cuda" and not launch["interpret"]:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        launcher.precompile(index, compile_pool(load_config().compile_threads))  # (the size: if made now)
+    return launcher
 
 
 def assert_layout(t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype, name: str) -> None:
@@ -157,7 +166,11 @@ class GpuErrorFlags:
     call (threads running one graph each have theirs) and read once at the end of it."""
 
     def __init__(self, slots: int, device: torch.device, codes: int = 1) -> None:
-        self.flags = torch.zeros(slots, 1 + codes, dtype=torch.int64, device=device)
+        # rows of an even number of int64s, 16 bytes apart: every kernel's flag pointer is aligned,
+        # so the kernels compiled ahead for aligned pointers are the ones launched (Note: ember
+        # owns the Triton compile)
+        width = 2 * ((2 + codes) // 2)
+        self.flags = torch.zeros(slots, width, dtype=torch.int64, device=device)
 
     def slot(self, i: int) -> torch.Tensor:
         return self.flags[i]
