@@ -149,7 +149,7 @@ def check_integer_division(sink: UOp) -> UOp:
             return u
         if u.src[1].vmin > 0 or u.src[1].vmax < 0:
             return u
-        return UOp(Ops.CHECK, u.dtype, (u, u.src[1].alu(Ops.CMPNE, u.src[1].const_like(0))), error)
+        return UOp(Ops.CHECK, u.dtype, (u, u.src[1].alu(Ops.CMPNE, u.src[1].const_like(0)), u.src[1]), error)
 
     # once each, sources first: a division whose only user is another division keeps its CHECK
     return rewrite_each_once(sink, checked)
@@ -157,7 +157,7 @@ def check_integer_division(sink: UOp) -> UOp:
 
 pm_checks = PatternMatcher(
     [
-        (UPat(Ops.CHECK, src=(UPat.var("x"), UPat.const(True))), lambda x: x),  # CHECK(x, True) -> x
+        (UPat(Ops.CHECK, src=(UPat.var("x"), UPat.const(True), UPat())), lambda x: x),  # CHECK(x, True, r) -> x
     ]
 )
 
