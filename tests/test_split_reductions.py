@@ -71,6 +71,9 @@ def test_policy_splits_few_long_reductions_into_aligned_chunks():
     assert count * 16 >= 1024 and chunk % 1024 == 0 and (count - 1) * chunk < 2**20 <= count * chunk
     assert policy.splits(1, 1000) is None  # short: one program is enough
     assert policy.splits(4096, 2**20) is None  # many outputs fill the GPU already
+    assert policy.splits(1024, 2**15) is None  # several outputs a program, but short ones
+    count, chunk = policy.splits(1024, 2**17)  # the column sums of a (131072, 1024) tensor
+    assert count == 32 and count * chunk == 2**17
     assert SplitPolicy(0).splits(1, 2**30) is None  # 0 never splits
     count, chunk = SplitPolicy(32).splits(1, 997)
     assert (count - 1) * chunk < 997 <= count * chunk
