@@ -186,7 +186,7 @@ class KernelBuilder:
             errors = tuple((e.error, e.message) for e in kernel.errors)
             arguments = ast.arguments(kernel.params)
             binaries[i] = KernelBinary(result.symbol, result.relative, result.symbol, arguments, errors, ast.inplace,
-                                       sha256=result.sha256)  # fmt: skip
+                                       sha256=result.sha256, variables=kernel.variables)  # fmt: skip
         return binaries
 
 

@@ -200,15 +200,26 @@ def _store(computed: ComputedBuffer, body: UOp, loop_vars: list[UOp]) -> UOp:
     return UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, index)), value))
 
 
+def _larger(a: int | UOp, b: int | UOp) -> int | UOp:
+    """The larger of two element counts of one buffer; symbolic ones (Note: symbolic sizes,
+    uop/variables.py) by their bounds, or the MAX of both."""
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    x, y = (v if isinstance(v, UOp) else UOp.const(dtypes.index, v) for v in (a, b))
+    if x is y or y.vmax <= x.vmin:
+        return a
+    return b if x.vmax <= y.vmin else x.alu(Ops.MAX, y)
+
+
 def _rename_buffers(sink: UOp, outputs: frozenset[str]) -> KernelAST:
     buffers = [u for u in sink.toposort if u.op is Ops.BUFFER]
     # outputs first, then inputs in order of first use (a stable sort keeps that order)
     ordered = sorted(buffers, key=lambda b: b.arg.name not in outputs)
     names = list(dict.fromkeys(b.arg.name for b in ordered))
     position = {n: i for i, n in enumerate(names)}
-    sizes: dict[str, int] = {}
+    sizes: dict[str, int | UOp] = {}
     for b in buffers:
-        sizes[b.arg.name] = max(sizes.get(b.arg.name, 0), b.arg.size)
+        sizes[b.arg.name] = _larger(sizes.get(b.arg.name, 0), b.arg.size)
     mapping = {
         b: UOp(Ops.BUFFER, b.dtype, (), BufferArg(f"p{position[b.arg.name]}", sizes[b.arg.name])) for b in buffers
     }

@@ -103,13 +103,14 @@ def _record_holder(graph: LoweredGraph, node: torch.fx.Node, value: Any) -> None
 
 def _lower_placeholder(ctx: LoweringContext, node: torch.fx.Node, example: Any) -> Any:
     if not isinstance(example, torch.Tensor):
-        if isinstance(example, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # a size under dynamic=True
-            raise EmberError("lower", "dynamic shapes are not supported yet; compile with dynamic=False", node.name)
+        if isinstance(example, torch.SymInt):  # a size under dynamic shapes (Note: symbolic sizes)
+            ctx.graph.size_arguments[node.name] = example
+            return example
+        if isinstance(example, (torch.SymFloat, torch.SymBool)):
+            raise EmberError("lower", "symbolic float and bool graph inputs are not supported", node.name)
         if isinstance(example, (int, float, bool)):
             raise EmberError("lower", "scalar graph inputs (dynamic scalars) are not supported yet", node.name)
         return OpaqueInput(node.name)
-    if any(not isinstance(s, int) for s in (*example.shape, *example.stride())):
-        raise EmberError("lower", "dynamic shapes are not supported yet; compile with dynamic=False", node.name)
     layout = Layout(tuple(example.shape), tuple(example.stride()), 0)
     buffer = ctx.add_buffer(Buffer(node.name, from_torch(example.dtype), layout, "input"))
     ctx.graph.inputs.append(buffer)
@@ -129,6 +130,10 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
     if node.target is operator.getitem:
         return args[0][args[1]]
+    if isinstance(node.meta.get("val"), torch.SymInt):  # a size computed from sizes: its expression is the value
+        return node.meta["val"]
+    if node.target in SIZE_ASSERTS:  # what dynamo's guards already check at every call
+        return None
     lowering = lookup(node.target)
     value = None
     if lowering in FULL_PRECISION_ONLY and _touches_low_precision(node, args, kwargs):
@@ -180,7 +185,7 @@ def _kernel_dtypes_only(node: torch.fx.Node, args: tuple, kwargs: dict) -> bool:
     for v, dtype in _dtypes(node, args, kwargs):
         if dtype is not None and not is_kernel_dtype(dtype):
             return False
-        if isinstance(v, (complex, torch.SymInt, torch.SymFloat)):
+        if isinstance(v, (complex, torch.SymFloat, torch.SymBool)):  # (a SymInt is a size: Note: symbolic sizes)
             return False
     return True
 
@@ -219,6 +224,9 @@ def _only_matmuls_read(node: torch.fx.Node) -> bool:
     return all(user.op == "call_function" and getattr(user.target, "overloadpacket", None) in MATMUL_OPS
                for user in node.users)  # fmt: skip
 
+
+# asserts on sizes that AOTAutograd leaves in a graph with symbolic sizes
+SIZE_ASSERTS = {torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range_for_size.default}
 
 # Ops returning several views of their input, each picked by an `operator.getitem` node.
 MULTI_VIEW_OPS = {

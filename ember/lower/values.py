@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ember.ir import Buffer, Layout
+from ember.ir import Buffer, Layout, same_sizes
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import Ops, RangeKind, UOp, substitute
 
@@ -134,13 +134,13 @@ def unsqueeze(x: TensorValue, dim: int) -> TensorValue:
 
 def reshape(x: TensorValue, shape: tuple[int, ...]) -> TensorValue:
     """Row-major reshape: each old axis is recovered from the new position's flat index."""
-    if tuple(shape) == x.shape:
+    if same_sizes(tuple(shape), x.shape):
         return x
     if x.numel == 0:
         return TensorValue(tuple(shape), x.dtype, x.body)
     kept_new = [i for i, s in enumerate(shape) if s != 1]
     kept_old = [i for i, s in enumerate(x.shape) if s != 1]
-    if [shape[i] for i in kept_new] == [x.shape[i] for i in kept_old]:  # only size-1 dims move
+    if same_sizes(tuple(shape[i] for i in kept_new), tuple(x.shape[i] for i in kept_old)):  # only size-1 dims move
         old_axes = [const_index(0)] * x.ndim
         for new, old in zip(kept_new, kept_old):
             old_axes[old] = axis(new)

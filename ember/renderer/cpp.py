@@ -29,7 +29,7 @@ from ember.renderer.choices import (
     parallel_clauses,
     runs_parallel,
 )
-from ember.renderer.common import RenderedKernel, kernel_errors, kernel_params
+from ember.renderer.common import RenderedKernel, kernel_errors, kernel_params, kernel_variables
 from ember.renderer.tiles import loop_lines
 from ember.renderer.vector_math import vector_math_call, vector_math_prelude
 from ember.uop.dtypes import LOW_PRECISION, DType, bits_of, dtypes
@@ -266,6 +266,8 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
     program = nest_perfectly(program) if choices.collapse else program
     params = kernel_params(program, written)
     signature = ", ".join(f"{'' if w else 'const '}{d.ctype}* __restrict__ {n}" for n, d, w in params)
+    variables = kernel_variables(program)  # Note: symbolic sizes
+    signature += "".join(f", const int64_t {v}" for v in variables)
     errors = kernel_errors(program)
     if errors:  # Note: kernel errors
         signature += ", int32_t* ember_error"
@@ -280,7 +282,8 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
     declarations = simd_declarations(simd_math, code) + cos_alias_declarations(body, simd_math) + declarations
     source = f'{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n{body}}}\n'
     source = file_pragmas(choices) + source
-    return RenderedKernel(name, source, params, errors, tiled=any(is_tile_loop(u) for u in program))
+    tiled = any(is_tile_loop(u) for u in program)
+    return RenderedKernel(name, source, params, errors, tiled=tiled, variables=variables)
 
 
 LIBM_TYPES = (("float", "f"), ("double", ""))  # (C type, libm suffix)
@@ -383,7 +386,7 @@ def _render_body(program: list[UOp], parallel_threshold: int, errors: list[Check
     def ref(u: UOp) -> str:
         if u.op is Ops.CONST:
             return render_const(u.arg, u.dtype)
-        if u.op is Ops.RANGE:
+        if u.op in (Ops.RANGE, Ops.DEFINE_VAR):
             return u.arg.name
         return names[u]
 

@@ -35,6 +35,7 @@ class Ops(enum.Enum):
     AXIS = enum.auto()  # lowering-time placeholder for output dimension `arg` of a tensor
     RANGE = enum.auto()  # a loop variable; src: (CONST size,) or (CONST size, its tile loop), arg: RangeArg
     CONST = enum.auto()  # arg: the Python value
+    DEFINE_VAR = enum.auto()  # a size known only at run time, a kernel argument; arg: VarArg (Note: symbolic sizes)
     REDUCE = enum.auto()  # src: (value, *reduce RANGEs), arg: the combining Ops (ADD/MAX/MIN/MUL)
     DEFINE_ACC = enum.auto()  # accumulator declared where the REDUCE result lives; arg: AccArg
     ACC_UPDATE = enum.auto()  # src: (DEFINE_ACC, value, *reduce RANGEs); acc = combine(acc, value)
@@ -149,10 +150,20 @@ ALU_OPS = UNARY_OPS | BINARY_OPS | {Ops.WHERE, Ops.MULACC, Ops.CAST}
 
 @dataclass(frozen=True)
 class BufferArg:
-    """A kernel parameter: `name` is the wrapper's buffer name, `size` its element count."""
+    """A kernel parameter: `name` is the wrapper's buffer name, `size` its element count
+    (a UOp of size variables when it is symbolic: Note: symbolic sizes, uop/variables.py)."""
 
     name: str
-    size: int
+    size: int | UOp
+
+
+@dataclass(frozen=True)
+class VarArg:
+    """A DEFINE_VAR: a size variable (torch's symbol `name`) and the bounds it is known to keep."""
+
+    name: str
+    vmin: int
+    vmax: int
 
 
 class RangeKind(enum.Enum):
@@ -306,10 +317,15 @@ class UOp(metaclass=_UOpMeta):
     # ---- construction helpers -------------------------------------------------------
     @staticmethod
     def const(dtype: DType, value: Any) -> UOp:
+        if type(value) not in _NUMBERS:  # a symbolic size (Note: symbolic sizes), or a numpy/torch scalar
+            if isinstance(value, UOp):
+                return value.cast(dtype)
+            if (size := _symbolic_size(value)) is not None:
+                return size.cast(dtype)
         return UOp(Ops.CONST, dtype, (), normalize_const(dtype, value))
 
     @staticmethod
-    def range(size: int, order: int, kind: RangeKind = RangeKind.LOOP) -> UOp:
+    def range(size: int | UOp, order: int, kind: RangeKind = RangeKind.LOOP) -> UOp:
         return UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, size),), RangeArg(kind, order))
 
     def const_like(self, value: Any) -> UOp:
@@ -327,6 +343,11 @@ class UOp(metaclass=_UOpMeta):
 
     def _lift(self, other: UOp | int | float) -> UOp:
         return other if isinstance(other, UOp) else self.const_like(other)
+
+    @property
+    def static_size(self) -> int | None:
+        """A size UOp's value when it is a constant; None when it is symbolic."""
+        return self.arg if self.op is Ops.CONST else None
 
     def __add__(self, other):
         return self.alu(Ops.ADD, self._lift(other))
@@ -408,6 +429,16 @@ class UOp(metaclass=_UOpMeta):
         return self.__dict__[slot]
 
 
+_NUMBERS = (int, float, bool)
+
+
+def _symbolic_size(value: Any) -> UOp | None:
+    """torch's SymInt as a UOp of size variables (Note: symbolic sizes); None for other values."""
+    from ember.uop.variables import symbolic_size
+
+    return symbolic_size(value)
+
+
 def normalize_const(dtype: DType, value: Any) -> Any:
     """Consts are stored as the Python type of their dtype, so 1 and 1.0 never intern apart."""
     if dtype.is_bool:
@@ -430,7 +461,9 @@ def bounds(u: UOp) -> tuple[int | float, int | float]:
     if u.op is Ops.CONST:
         return (u.arg, u.arg)
     if u.op is Ops.RANGE:
-        return (0, u.src[0].arg - 1)
+        return (0, u.src[0].vmax - 1)
+    if u.op is Ops.DEFINE_VAR:
+        return (u.arg.vmin, u.arg.vmax)
     if u.op is Ops.AXIS:
         return (0, dtypes.index.max)
     s = [(x.vmin, x.vmax) for x in u.src]
@@ -476,7 +509,7 @@ def pretty(u: UOp, depth: int = 6) -> str:
         return u.arg.name
     if u.op is Ops.AXIS:
         return f"ax{u.arg}"
-    if u.op is Ops.BUFFER:
+    if u.op in (Ops.BUFFER, Ops.DEFINE_VAR):
         return u.arg.name
     if depth == 0:
         return f"{u.op.name}(…)"

@@ -435,7 +435,10 @@ pm_division = PatternMatcher(
     ]
 )
 
-pm_symbolic = pm_constant_folding + pm_identities + pm_comparisons + pm_division
+# (late: it builds on addends and sum_of above)
+from ember.uop.symbolic_division import pm_symbolic_division  # noqa: E402
+
+pm_symbolic = pm_constant_folding + pm_identities + pm_comparisons + pm_division + pm_symbolic_division
 
 
 # Identical layers ask to simplify the very same (interned) index expressions again and again:
