@@ -34,9 +34,11 @@ from typing import Any
 import torch
 import torch.fx
 
+from ember.ir import same_sizes
 from ember.passes import meta
 from ember.passes.eager_memory import headroom_bytes
 from ember.passes.matcher import FxPat, FxPatternMatcher
+from ember.uop.variables import size_hint
 
 aten = torch.ops.aten
 
@@ -87,7 +89,7 @@ def linear_scratchpad_bytes(x: torch.Tensor, in_features: int, threads: int) -> 
     oneDNN's scratchpad)."""
     depth = panel_depth(in_features)
     per_thread = WEIGHT_PANEL * depth * 4 + PER_THREAD_BYTES
-    rows = x.numel() // max(in_features, 1)
+    rows = size_hint(x.numel()) // max(in_features, 1)
     input_copy = 0 if _row_major(x, in_features) else rows * in_features * 4
     return threads * per_thread + input_copy
 
@@ -149,16 +151,18 @@ def _linear_pays(node: torch.fx.Node, x: Any, weight: Any, b: Any, out_dim: int)
     if b is not None and (not _cpu_float32(b) or b.meta["val"].shape != (out_features,)):
         return False
     in_features = weight.meta["val"].shape[1 - out_dim]
-    if node.meta["val"].numel() * in_features < max(LINEAR_MIN_MACS, 1):
+    # sizes at the example's values where they are symbolic: whether it pays is an estimate
+    # (either way is right; Note: symbolic sizes)
+    if size_hint(node.meta["val"].numel()) * size_hint(in_features) < max(LINEAR_MIN_MACS, 1):
         return False
     if not _row_major(x.meta["val"], in_features):
         return False  # oneDNN copies the whole input first; aten's BLAS reads it in place
-    scratchpad = linear_scratchpad_bytes(x.meta["val"], in_features, torch.get_num_threads())
+    scratchpad = linear_scratchpad_bytes(x.meta["val"], size_hint(in_features), torch.get_num_threads())
     return scratchpad <= node.meta.get(HEADROOM, 0)
 
 
 def _row_major(x: torch.Tensor, in_features: int) -> bool:
-    return x.dim() == 2 and x.stride(1) == 1 and x.stride(0) == in_features
+    return x.dim() == 2 and same_sizes((x.stride(1), x.stride(0)), (1, in_features))
 
 
 def linear_post_op(graph: torch.fx.Graph, node: torch.fx.Node, lin: torch.fx.Node) -> torch.fx.Node | None:
