@@ -194,15 +194,43 @@ def reads_transposed(x: TensorValue) -> bool:
     return bool(loads)
 
 
+def symbolic_affine_coefficients(expr: UOp, dim_of: dict[UOp, int]) -> tuple[int, list] | None:
+    """affine_coefficients where strides are products of size variables (Note: symbolic sizes):
+    each addend is one dim's loop variable times a stride of size variables and constants."""
+    from collections import Counter
+
+    from ember.uop.symbolic import addends
+    from ember.uop.symbolic_division import factors, product
+
+    strides: list = [0] * len(dim_of)
+    offset = 0
+    for term in addends(expr):
+        constant, found = factors(term)
+        loops = [u for u in found if u in dim_of]
+        if not found:
+            offset += constant
+            continue
+        if len(loops) != 1 or found[loops[0]] != 1 or any(u.op is not Ops.DEFINE_VAR for u in found if u not in dim_of):
+            return None
+        rest = found - Counter({loops[0]: 1})
+        stride = product(constant, rest, term) if rest else constant
+        d = dim_of[loops[0]]
+        strides[d] = stride if type(strides[d]) is int and strides[d] == 0 else None
+        if strides[d] is None:
+            return None  # one dim in two addends: left to the static form
+    return offset, [s.arg if isinstance(s, UOp) and s.op is Ops.CONST else s for s in strides]
+
+
 def affine_coefficients(expr: UOp, shape: tuple[int, ...]) -> tuple[int, list[int]] | None:
     """(offset, strides) when `expr` is offset + sum(AXIS i * stride i), else None."""
     from ember.uop.symbolic import distributed_terms, simplify
 
     bounded = {axis(i): bounded_axis(i, size) for i, size in enumerate(shape)}
     dim_of = {r: i for i, r in enumerate(bounded.values())}
-    form = distributed_terms(simplify(substitute(expr, bounded)))
+    simplified = simplify(substitute(expr, bounded))
+    form = distributed_terms(simplified)
     if form is None:
-        return None
+        return symbolic_affine_coefficients(simplified, dim_of)
     terms, offset = form
     strides = [0] * len(shape)
     for term, k in terms.items():

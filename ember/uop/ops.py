@@ -413,6 +413,11 @@ class UOp(metaclass=_UOpMeta):
         return self._bottom_up("_key", _content_key)
 
     @property
+    def has_variables(self) -> bool:
+        """Whether a size variable (DEFINE_VAR) is among this UOp's sources (Note: symbolic sizes)."""
+        return self._bottom_up("_variables", lambda u: u.op is Ops.DEFINE_VAR or any(s.has_variables for s in u.src))
+
+    @property
     def vmin(self) -> int | float:
         return self._bottom_up("_bounds", bounds)[0]
 

@@ -84,7 +84,7 @@ def inner_split(x: UOp) -> tuple[UOp, UOp, UOp] | None:
         if term.op is not Ops.MUL:
             continue
         for f in (term.src[1], term.src[0]):
-            if f.op is Ops.CONST or f.vmin < 1:
+            if f.vmin < 1:
                 continue
             rest = sum_of([t for j, t in enumerate(terms) if j != i], x)
             q = exact_quotient(term, f)
@@ -107,13 +107,20 @@ def split_multiples(x: UOp, d: UOp) -> tuple[list[UOp], list[UOp]]:
 
 def symbolic_divisor(d: UOp) -> bool:
     """A positive divisor made of size variables (never a loop variable): the rules below apply."""
-    return d.op is not Ops.CONST and d.vmin >= 1 and all(u.op is not Ops.RANGE for u in d.toposort) and \
-        any(u.op is Ops.DEFINE_VAR for u in d.toposort)  # fmt: skip
+    return d.op is not Ops.CONST and d.vmin >= 1 and d.has_variables and all(u.op is not Ops.RANGE for u in d.toposort)
+
+
+def applies(x: UOp, d: UOp) -> bool:
+    """Whether the rules below take x // d and x % d: a symbolic divisor, or a positive constant
+    one of a dividend with size variables (a0*(s*512) is a multiple of 512 only by its factors)."""
+    if d.op is Ops.CONST:
+        return d.arg > 0 and x.has_variables
+    return symbolic_divisor(d)
 
 
 def divide(x: UOp, d: UOp) -> UOp | None:
     """x // d: 0 below d; (q*d + r) // d -> q + r // d; (q*f + r) // (f*k) -> q // k (0 <= r < f)."""
-    if not symbolic_divisor(d) or x.vmin < 0:
+    if not applies(x, d) or x.vmin < 0:
         return None
     if below(x, d):
         return x.const_like(0)
@@ -130,7 +137,7 @@ def divide(x: UOp, d: UOp) -> UOp | None:
 
 def remainder(x: UOp, d: UOp) -> UOp | None:
     """x % d: x below d; (q*d + r) % d -> r % d; (q*f + r) % (f*k) -> (q % k)*f + r (0 <= r < f)."""
-    if not symbolic_divisor(d) or x.vmin < 0:
+    if not applies(x, d) or x.vmin < 0:
         return None
     if below(x, d):
         return x
