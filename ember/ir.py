@@ -14,6 +14,7 @@ from typing import Any
 
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import BufferArg, Ops, UOp
+from ember.uop.symbolic_division import normal_form
 from ember.uop.variables import index_size
 
 
@@ -73,7 +74,9 @@ def same_sizes(a: tuple, b: tuple) -> bool:
 
 def _same_size(a: Any, b: Any) -> bool:
     x, y = index_size(a), index_size(b)
-    return x == y if isinstance(x, int) and isinstance(y, int) else x is y
+    if isinstance(x, int) or isinstance(y, int):
+        return x == y if isinstance(x, int) and isinstance(y, int) else False
+    return x is y or normal_form(x) == normal_form(y)
 
 
 def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:

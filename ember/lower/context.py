@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ember.ir import Buffer, BufferRef, ComputedBuffer, ExternCall, Layout, LoweredGraph, contiguous_strides
+from ember.ir import Buffer, BufferRef, ComputedBuffer, ExternCall, Layout, LoweredGraph, contiguous_strides, same_sizes
 from ember.lower.collectives import communication_of
 from ember.lower.values import TensorValue, as_strided_read, load, reads_transposed
 from ember.uop.dtypes import from_torch
@@ -47,8 +47,8 @@ def dense_layout(meta: Any, shape: tuple[int, ...]) -> Layout | None:
 
 
 def same_strides(a: Layout, b: Layout) -> bool:
-    """Equal strides wherever a dim has more than one element."""
-    return all(x == y or size == 1 for x, y, size in zip(a.stride, b.stride, a.size))
+    """Equal strides wherever a dim has more than one element (a symbolic stride: the same expression)."""
+    return all(same_sizes((x,), (y,)) or (type(size) is int and size == 1) for x, y, size in zip(a.stride, b.stride, a.size))
 
 
 @dataclass

@@ -11,12 +11,30 @@ non-negative dividend, as the constant rules do (Note: integer semantics, symbol
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections import Counter
 
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import Ops, UOp
 from ember.uop.pattern import PatternMatcher, UPat
-from ember.uop.symbolic import addends, sum_of
+
+
+def addends(u: UOp) -> list[UOp]:
+    """The terms of a tree of ADDs, left to right (without recursion: index sums can be long)."""
+    terms, stack = [], [u]
+    while stack:
+        top = stack.pop()
+        if top.op is Ops.ADD:
+            stack += [top.src[1], top.src[0]]
+        else:
+            terms.append(top)
+    return terms
+
+
+def sum_of(terms: list[UOp], like: UOp) -> UOp:
+    """terms[0] + terms[1] + ..., or a 0 of `like`'s dtype when there are none."""
+    return functools.reduce(operator.add, terms) if terms else like.const_like(0)
 
 
 def factors(u: UOp) -> tuple[int, Counter]:
@@ -34,11 +52,26 @@ def factors(u: UOp) -> tuple[int, Counter]:
 
 
 def product(constant: int, found: Counter, like: UOp) -> UOp:
-    terms = [u for u, n in sorted(found.items(), key=lambda p: p[0].key) for _ in range(n)]
+    terms = [u for u, n in sorted(found.items(), key=lambda p: _factor_order(p[0])) for _ in range(n)]
     result = terms[0] if terms else like.const_like(constant)
     for t in terms[1:]:
         result = result * t
     return result * like.const_like(constant) if terms and constant != 1 else result
+
+
+def _factor_order(u: UOp) -> tuple[bool, str]:
+    """Size variables first, by name (as sympy orders a product's symbols), then other factors."""
+    return (u.op is not Ops.DEFINE_VAR, u.arg.name if u.op is Ops.DEFINE_VAR else u.key)
+
+
+def normal_form(u: UOp) -> frozenset:
+    """A sum of products as {(factors, coefficient)}: equal for equal sums however they were built."""
+    terms: dict[frozenset, int] = {}
+    for term in addends(u):
+        constant, found = factors(term)
+        key = frozenset(found.items())
+        terms[key] = terms.get(key, 0) + constant
+    return frozenset((k, c) for k, c in terms.items() if c != 0)
 
 
 def exact_quotient(u: UOp, d: UOp) -> UOp | None:

@@ -55,14 +55,16 @@ def symbolic_size(value: Any) -> UOp | None:
     constant = value.node.maybe_as_int()
     if isinstance(constant, int):
         return UOp.const(dtypes.index, constant)
-    return sympy_to_uop(value.node.expr, value.node.shape_env)
+    from ember.uop.symbolic import simplify
+
+    return simplify(sympy_to_uop(value.node.expr, value.node.shape_env))  # constants to the right, as rules expect
 
 
 def index_size(value: Any) -> int | UOp:
     """A size as kernels take it: an int, or a UOp of size variables when it is symbolic."""
-    if type(value) is int or isinstance(value, UOp):
+    if type(value) is int:
         return value
-    size = symbolic_size(value)
+    size = symbolic_size(value) if not isinstance(value, UOp) else value
     if size is None:
         return int(value)
     return size.arg if size.op is Ops.CONST else size
