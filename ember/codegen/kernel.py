@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ember.ir import Buffer, ComputedBuffer, IndexedStore, Layout
+from ember.ir import Buffer, ComputedBuffer, IndexedStore, Layout, same_sizes
 from ember.schedule.group import align, resolve_bodies
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import BufferArg, Ops, RangeKind, ScatterArg, UOp, substitute
 from ember.uop.symbolic import distributed_terms, simplify
+from ember.uop.variables import size_hint
 
 
 @dataclass(frozen=True)
@@ -105,14 +106,14 @@ def _can_overwrite(victim: Buffer, out: Buffer) -> bool:
     if victim.dtype != out.dtype or out.kind == "input":  # an input stored in place keeps its own storage
         return False
     if victim.kind == "computed":  # allocated by the wrapper: its storage is exactly its layout's
-        return victim.layout.storage_size == out.layout.storage_size
+        return same_sizes((victim.layout.storage_size,), (out.layout.storage_size,))
     # an aten result may be a view into a larger storage: only the very same elements, which
     # a dense layout of as many elements from its first one are (the wrapper's as_strided
     # counts from the result's first element)
     if victim.kind != "extern":
         return False
     return victim.layout == out.layout or (_is_dense(victim.layout) and _is_dense(out.layout)
-                                           and victim.layout.numel == out.layout.numel)  # fmt: skip
+                                           and same_sizes((victim.layout.numel,), (out.layout.numel,)))  # fmt: skip
 
 
 def _is_dense(layout: Layout) -> bool:
@@ -121,8 +122,8 @@ def _is_dense(layout: Layout) -> bool:
     if layout.offset != 0 or layout.numel == 0:
         return False
     expected = 1
-    for size, stride in sorted(zip(layout.size, layout.stride), key=lambda p: p[1]):
-        if size != 1 and stride != expected:
+    for size, stride in sorted(zip(layout.size, layout.stride), key=lambda p: size_hint(p[1])):
+        if size != 1 and not same_sizes((stride,), (expected,)):
             return False
         expected *= size
     return True

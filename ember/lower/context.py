@@ -13,6 +13,7 @@ from ember.lower.collectives import communication_of
 from ember.lower.values import TensorValue, as_strided_read, load, reads_transposed
 from ember.uop.dtypes import from_torch
 from ember.uop.ops import Ops, RangeKind, UOp
+from ember.uop.variables import size_hint
 
 # aten matmuls that read any strided operand, a transposed one as fast as a plain one (BLAS)
 MATMUL_OPS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm}
@@ -38,9 +39,9 @@ def dense_layout(meta: Any, shape: tuple[int, ...]) -> Layout | None:
     if not isinstance(meta, torch.Tensor) or tuple(meta.shape) != tuple(shape):
         return None
     expected = 1
-    for size, stride in sorted(zip(meta.shape, meta.stride()), key=lambda p: p[1]):
+    for size, stride in sorted(zip(meta.shape, meta.stride()), key=lambda p: size_hint(p[1])):  # Note: symbolic sizes
         if size != 1:
-            if stride != expected:
+            if not same_sizes((stride,), (expected,)):
                 return None
             expected *= size
     return Layout(tuple(shape), tuple(meta.stride()))

@@ -21,7 +21,7 @@ import torch.fx
 from torch.utils._pytree import tree_flatten
 
 from ember.errors import EmberError
-from ember.ir import Buffer, BufferRef, Layout, LoweredGraph, OpaqueInput, OutputSpec, contiguous_strides
+from ember.ir import Buffer, BufferRef, Layout, LoweredGraph, OpaqueInput, OutputSpec, contiguous_strides, same_sizes
 from ember.lower.collectives import communication_of
 from ember.lower.context import (
     MATMUL_OPS,
@@ -36,6 +36,7 @@ from ember.lower.values import TensorValue, as_strided_read, axis, const_index, 
 from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
 from ember.uop.ops import Ops
 from ember.uop.symbolic import simplify
+from ember.uop.variables import size_hint
 
 # Inductor's `realize_opcount_threshold` plays the same role; above it, reuse beats recompute.
 REUSE_OPCOUNT = 30
@@ -297,8 +298,8 @@ def _eager_output_layout(meta: Any, shape: tuple[int, ...]) -> Layout | None:
     stride = tuple(meta.stride())
     stored = [i for i, size in enumerate(shape) if size != 1 and stride[i] != 0]
     expected = 1
-    for i in sorted(stored, key=lambda i: stride[i]):
-        if stride[i] != expected:
+    for i in sorted(stored, key=lambda i: size_hint(stride[i])):  # symbolic: checked by expression below
+        if not same_sizes((stride[i],), (expected,)):
             return None
         expected *= shape[i]
     return Layout(shape, stride)
@@ -314,7 +315,7 @@ def _dense_in_eager_order(meta: Any, shape: tuple[int, ...]) -> Layout:
         return Layout.contiguous(shape)
     if any(st < 0 or (st == 0 and n != 1) for n, st in zip(shape, meta.stride())):
         return Layout.contiguous(shape)
-    order = sorted(range(len(shape)), key=lambda i: (-meta.stride(i), i))  # outermost first
+    order = sorted(range(len(shape)), key=lambda i: (-size_hint(meta.stride(i)), i))  # outermost first
     stride, expected = [0] * len(shape), 1
     for i in reversed(order):
         stride[i] = expected

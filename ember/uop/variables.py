@@ -78,13 +78,24 @@ def size_hint(value: Any) -> int:
 
     if isinstance(value, torch.SymInt):
         return int(value.node.hint) if value.node.hint is not None else UNBOUNDED
+    if isinstance(value, UOp):  # a stride ember derived: each variable at its lower bound, at least 2
+        return _estimate(value)
     return int(value)
+
+
+def _estimate(u: UOp) -> int:
+    from ember.uop.ops import substitute
+    from ember.uop.symbolic import simplify
+
+    values = {v: UOp.const(dtypes.index, max(v.arg.vmin, 2)) for v in variables_of(u)}
+    folded = simplify(substitute(u, values))
+    return folded.arg if folded.op is Ops.CONST else UNBOUNDED
 
 
 def sympy_to_uop(expr: Any, shape_env: Any) -> UOp:
     """An integer sympy expression of the shape environment as a UOp, or SymbolicSizeError."""
     import sympy
-    from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+    from torch.utils._sympy.functions import CleanDiv, FloorDiv, Max, Min, Mod, PythonMod
 
     if isinstance(expr, sympy.Integer):
         return UOp.const(dtypes.index, int(expr))
@@ -95,12 +106,12 @@ def sympy_to_uop(expr: Any, shape_env: Any) -> UOp:
         return _fold(args, lambda a, b: a + b)
     if isinstance(expr, sympy.Mul):
         return _fold(args, lambda a, b: a * b)
-    if isinstance(expr, FloorDiv):
+    if isinstance(expr, (FloorDiv, CleanDiv)):
         return args[0] // args[1]
     if isinstance(expr, (Mod, PythonMod)):
         return args[0] % args[1]
-    if isinstance(expr, (sympy.Max, sympy.Min)):
-        op = Ops.MAX if isinstance(expr, sympy.Max) else Ops.MIN
+    if isinstance(expr, (sympy.Max, sympy.Min, Max, Min)):
+        op = Ops.MAX if isinstance(expr, (sympy.Max, Max)) else Ops.MIN
         return _fold(args, lambda a, b: a.alu(op, b))
     if isinstance(expr, sympy.Pow) and isinstance(expr.exp, sympy.Integer) and int(expr.exp) >= 1:
         base = sympy_to_uop(expr.base, shape_env)
