@@ -47,7 +47,9 @@ def record_fallback(reason: str, role: str) -> None:
 def _refusal(example_inputs: list[Any], config: Config) -> str | None:
     if not config.symbolic_shapes:
         return "symbolic_shapes is off"
-    if config.backend == "triton" or any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in example_inputs):
+    if config.backend == "triton" or any(
+        isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in example_inputs
+    ):
         return "Triton kernels take static sizes"
     if _shape_env(example_inputs) is None:
         return "no shape environment"

@@ -22,11 +22,11 @@ from torch._functorch.aot_autograd import make_boxed_func
 from ember import config as config_module
 from ember.collector import collection_paused
 from ember.compile_graph import compile_graph
+from ember.compile_symbolic import compile_symbolic, record_fallback
 from ember.errors import EmberError, warn_at_user_code
 from ember.lower.decompositions import corrected_autograd_kernels, decomposition_table
 from ember.metrics import metrics
 from ember.passes.eager_memory import INPUTS_HELD
-from ember.compile_symbolic import compile_symbolic, record_fallback
 from ember.shape_specialization import ShapeSpecializedGraph, is_symbolic
 
 log = logging.getLogger("ember")

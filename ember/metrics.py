@@ -54,7 +54,7 @@ class Metrics:
     search_candidates_timed: int = 0  # renderings timed by those searches
     search_winners_loaded: int = 0  # kernels that took a winner recorded on disk, with no search
     shape_specializations: int = 0  # static graphs compiled from a symbolic one (shape_specialization.py)
-    symbolic_graphs: int = 0  # graphs with dynamic shapes compiled once, sizes as kernel arguments (compile_symbolic.py)
+    symbolic_graphs: int = 0  # graphs with dynamic shapes compiled once (compile_symbolic.py)
     # graphs with dynamic shapes compiled per shape instead, by the reason the symbolic compile refused
     symbolic_fallbacks: Counter = field(default_factory=Counter)
     verify_checks: int = 0  # EMBER_VERIFY: buffers compared with float64 eager (wrapper/verify.py)

@@ -107,7 +107,9 @@ def test_views_of_symbolic_sizes():
     def f(x):
         b, s, h = x.shape
         heads = x.view(b, s, 4, h // 4).permute(0, 2, 1, 3)  # h // 4: a size divided
-        return (heads * 2).reshape(b * 4, s, h // 4).transpose(1, 2).contiguous() + x.sum(-1).view(b, 1, s).repeat(4, 1, 1)
+        return (heads * 2).reshape(b * 4, s, h // 4).transpose(1, 2).contiguous() + x.sum(-1).view(b, 1, s).repeat(
+            4, 1, 1
+        )
 
     check_shapes(f, lambda b, s: [torch.randn(b, s, 16)], [(2, 3), (3, 7), (4, 5)])
     assert_compiled_once()
@@ -139,7 +141,9 @@ def test_sizes_one_and_zero_get_graphs_of_their_own():
 
 def test_training_forward_and_backward_compile_once():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8)
+    )
     reference = _upcast(model)
     compiled = torch.compile(model, backend="ember", dynamic=True)
     for batch in (5, 9, 12, 30):

@@ -100,7 +100,7 @@ def is_element_loop(r: UOp) -> bool:
 def trip_count(r: UOp, tile: int = 0) -> int:
     """Iterations of loop `r` (an element loop's: of a full tile); `tile` overrides the size. A
     symbolic size counts as its upper bound (Note: symbolic sizes)."""
-    size = r.src[0].vmax
+    size = int(r.src[0].vmax)
     if is_tile_loop(r):
         return -(-size // (tile or r.arg.tile))
     if is_element_loop(r):

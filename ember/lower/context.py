@@ -49,7 +49,9 @@ def dense_layout(meta: Any, shape: tuple[int, ...]) -> Layout | None:
 
 def same_strides(a: Layout, b: Layout) -> bool:
     """Equal strides wherever a dim has more than one element (a symbolic stride: the same expression)."""
-    return all(same_sizes((x,), (y,)) or (type(size) is int and size == 1) for x, y, size in zip(a.stride, b.stride, a.size))
+    return all(
+        same_sizes((x,), (y,)) or (type(size) is int and size == 1) for x, y, size in zip(a.stride, b.stride, a.size)
+    )
 
 
 @dataclass

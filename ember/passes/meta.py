@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 import torch.fx
-
-from ember.ir import same_sizes
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from ember.ir import same_sizes
 
 
 def fake_value(node: torch.fx.Node) -> Any:

@@ -21,8 +21,8 @@ from ember.schedule.fusion import FusionState, Group, WhyNoFuse, fuse
 from ember.schedule.memory import last_use_positions
 from ember.schedule.nodes import SchedulerNode, build_nodes, mutated_buffers
 from ember.schedule.order import ScheduleWork
-from ember.uop.variables import size_hint
 from ember.uop.ops import Ops, UOp
+from ember.uop.variables import size_hint
 
 
 @dataclass

@@ -39,7 +39,7 @@ def sum_of(terms: list[UOp], like: UOp) -> UOp:
 
 def factors(u: UOp) -> tuple[int, Counter]:
     """`u` as constant * product(factors): the constant, and the non-constant factors counted."""
-    constant, found, stack = 1, Counter(), [u]
+    constant, found, stack = 1, Counter[UOp](), [u]
     while stack:
         top = stack.pop()
         if top.op is Ops.MUL:
@@ -203,7 +203,9 @@ def recombine(u: UOp) -> UOp | None:
 
 def _symbolic_remainders(term: UOp) -> list[UOp]:
     """The factors of `term` that are remainders by a symbolic size."""
-    candidates = [term] if term.op is Ops.MOD else [s for s in term.src if s.op is Ops.MOD] if term.op is Ops.MUL else []
+    candidates = (
+        [term] if term.op is Ops.MOD else [s for s in term.src if s.op is Ops.MOD] if term.op is Ops.MUL else []
+    )
     if term.op is Ops.MUL and not candidates:
         candidates = [f for f in factors(term)[1] if f.op is Ops.MOD]
     return [m for m in candidates if symbolic_divisor(m.src[1])]
