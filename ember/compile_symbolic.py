@@ -53,6 +53,8 @@ def _refusal(example_inputs: list[Any], config: Config) -> str | None:
         return "Triton kernels take static sizes"
     if _shape_env(example_inputs) is None:
         return "no shape environment"
+    if config.verify:
+        return "verify compares static layouts"
     return None
 
 

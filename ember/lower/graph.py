@@ -133,6 +133,8 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
         return args[0][args[1]]
     if isinstance(node.meta.get("val"), torch.SymInt):  # a size computed from sizes: its expression is the value
         return node.meta["val"]
+    if isinstance(node.meta.get("val"), (torch.SymFloat, torch.SymBool)):  # no kernel or wrapper form for these
+        raise EmberError("lower", "a symbolic float or bool computed from sizes is not supported", node.name)
     if node.target in SIZE_ASSERTS:  # what dynamo's guards already check at every call
         return None
     lowering = lookup(node.target)

@@ -20,7 +20,7 @@ import math
 import re
 from collections.abc import Callable
 
-from ember.codegen.tiling import is_tile_loop, trip_count
+from ember.codegen.tiling import is_element_loop, is_tile_loop, trip_count
 from ember.renderer.choices import (
     DEFAULT_CHOICES,
     KernelChoices,
@@ -29,7 +29,7 @@ from ember.renderer.choices import (
     parallel_clauses,
     runs_parallel,
 )
-from ember.renderer.common import RenderedKernel, kernel_errors, kernel_params, kernel_variables
+from ember.renderer.common import RenderedKernel, kernel_errors, kernel_params, kernel_variables, size_expression
 from ember.renderer.tiles import loop_lines
 from ember.renderer.vector_math import vector_math_call, vector_math_prelude
 from ember.uop.dtypes import LOW_PRECISION, DType, bits_of, dtypes
@@ -361,6 +361,8 @@ def loop_pragma(program: list[UOp], start: int, outermost: bool, parallel_thresh
     clauses = [f"reduction({_clause_op(acc)}:{_acc_section(acc)})" for acc in updated]
     if parallel:
         clauses = parallel_clauses(choices, program, start, carries=bool(updated)) + clauses
+        if (symbolic := _symbolic_work(program, loop, choices.tile)) is not None:  # decided at run time
+            clauses.append(f"if({symbolic} >= {parallel_threshold})")
     return "#pragma omp " + " ".join(words + clauses)
 
 
@@ -495,6 +497,37 @@ def _combine_expression(combine: Ops, dtype: DType, a: str, b: str) -> str:
 
 def _combine(op: Ops, dtype: DType, acc: str, value: str) -> str:
     return _COMBINE[op](dtype.ctype, acc, value)
+
+
+def _symbolic_work(program: list[UOp], outer: UOp, tile: int = 0) -> str | None:
+    """C for the iterations of the loop nest under `outer` when a loop of it has a symbolic size
+    (Note: symbolic sizes), whose `_work` counts it at its upper bound; None when all are static."""
+    nest, depth, inside = [], 0, False
+    for u in program:
+        if u is outer:
+            inside = True
+        if not inside:
+            continue
+        if u.op is Ops.RANGE:
+            depth += 1
+            nest.append(u)
+        elif u.op is Ops.ENDRANGE:
+            depth -= 1
+            if depth == 0:
+                break
+    if all(r.src[0].op is Ops.CONST for r in nest):
+        return None
+    return "(" + " * ".join(_trip_count_expression(r, tile) for r in nest) + ")"
+
+
+def _trip_count_expression(r: UOp, tile: int) -> str:
+    """C for `trip_count(r, tile)` where r's size may be symbolic."""
+    if r.src[0].op is Ops.CONST or is_element_loop(r):  # an element loop: a full tile's
+        return str(trip_count(r, tile))
+    if is_tile_loop(r):
+        step = tile or r.arg.tile
+        return f"(({size_expression(r.src[0])} + {step - 1}) / {step})"
+    return size_expression(r.src[0])
 
 
 def _work(program: list[UOp], outer: UOp, tile: int = 0) -> int:

@@ -106,10 +106,11 @@ def sympy_to_uop(expr: Any, shape_env: Any) -> UOp:
         return _fold(args, lambda a, b: a + b)
     if isinstance(expr, sympy.Mul):
         return _fold(args, lambda a, b: a * b)
-    if isinstance(expr, (FloorDiv, CleanDiv)):
-        return args[0] // args[1]
-    if isinstance(expr, (Mod, PythonMod)):
-        return args[0] % args[1]
+    if isinstance(expr, (FloorDiv, CleanDiv, Mod, PythonMod)):
+        # sympy's floor division and remainder are C's (IDIV, MOD) only for a dividend >= 0, divisor > 0
+        if args[0].vmin < 0 or args[1].vmin < 1:
+            raise SymbolicSizeError(f"size expression {expr} may divide a negative number or by 0")
+        return args[0] // args[1] if isinstance(expr, (FloorDiv, CleanDiv)) else args[0] % args[1]
     if isinstance(expr, (sympy.Max, sympy.Min, Max, Min)):
         op = Ops.MAX if isinstance(expr, (sympy.Max, Max)) else Ops.MIN
         return _fold(args, lambda a, b: a.alu(op, b))

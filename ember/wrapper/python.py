@@ -302,6 +302,8 @@ def _literal(value: Any, objects: list, inner: Callable[[Any], str] | None = Non
         return repr(value)
     if isinstance(value, torch.SymInt):  # evaluated from the call's size variables (Note: symbolic sizes)
         return size_source(value)
+    if isinstance(value, (torch.SymFloat, torch.SymBool)):  # never the example's value, silently
+        raise SymbolicSizeError(f"a symbolic {type(value).__name__} has no wrapper form")
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else f"float({str(value)!r})"
     if isinstance(value, (list, tuple)):
