@@ -199,12 +199,11 @@ def symbolic_affine_coefficients(expr: UOp, dim_of: dict[UOp, int]) -> tuple[int
     each addend is one dim's loop variable times a stride of size variables and constants."""
     from collections import Counter
 
-    from ember.uop.symbolic import addends
-    from ember.uop.symbolic_division import factors, product
+    from ember.uop.symbolic_division import expanded_terms, factors, product
 
     strides: list = [0] * len(dim_of)
     offset = 0
-    for term in addends(expr):
+    for term in expanded_terms(expr):
         constant, found = factors(term)
         loops = [u for u in found if u in dim_of]
         if not found:

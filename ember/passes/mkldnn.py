@@ -38,7 +38,6 @@ from ember.ir import same_sizes
 from ember.passes import meta
 from ember.passes.eager_memory import headroom_bytes
 from ember.passes.matcher import FxPat, FxPatternMatcher
-from ember.uop.variables import size_hint
 
 aten = torch.ops.aten
 
@@ -89,7 +88,7 @@ def linear_scratchpad_bytes(x: torch.Tensor, in_features: int, threads: int) -> 
     oneDNN's scratchpad)."""
     depth = panel_depth(in_features)
     per_thread = WEIGHT_PANEL * depth * 4 + PER_THREAD_BYTES
-    rows = size_hint(x.numel()) // max(in_features, 1)
+    rows = x.numel() // max(in_features, 1)
     input_copy = 0 if _row_major(x, in_features) else rows * in_features * 4
     return threads * per_thread + input_copy
 
@@ -151,13 +150,16 @@ def _linear_pays(node: torch.fx.Node, x: Any, weight: Any, b: Any, out_dim: int)
     if b is not None and (not _cpu_float32(b) or b.meta["val"].shape != (out_features,)):
         return False
     in_features = weight.meta["val"].shape[1 - out_dim]
-    # sizes at the example's values where they are symbolic: whether it pays is an estimate
-    # (either way is right; Note: symbolic sizes)
-    if size_hint(node.meta["val"].numel()) * size_hint(in_features) < max(LINEAR_MIN_MACS, 1):
-        return False
     if not _row_major(x.meta["val"], in_features):
         return False  # oneDNN copies the whole input first; aten's BLAS reads it in place
-    scratchpad = linear_scratchpad_bytes(x.meta["val"], size_hint(in_features), torch.get_num_threads())
+    if any(isinstance(s, torch.SymInt) for s in (*node.meta["val"].shape, in_features)):
+        # Note: symbolic sizes. The size thresholds below, taken at the example's sizes, would
+        # decide every shape by the first (a graph compiled at a few rows serves thousands):
+        # a symbolic linear takes oneDNN, whose fixed cost matters only at the smallest sizes
+        return True
+    if node.meta["val"].numel() * in_features < max(LINEAR_MIN_MACS, 1):
+        return False
+    scratchpad = linear_scratchpad_bytes(x.meta["val"], in_features, torch.get_num_threads())
     return scratchpad <= node.meta.get(HEADROOM, 0)
 
 

@@ -37,6 +37,15 @@ def sum_of(terms: list[UOp], like: UOp) -> UOp:
     return functools.reduce(operator.add, terms) if terms else like.const_like(0)
 
 
+def expanded_terms(u: UOp) -> list[UOp]:
+    """The addends of `u` with products distributed over sums: (a + b*s)*4 -> [a*4, b*s*4]."""
+    if u.op is Ops.ADD:
+        return [t for s in u.src for t in expanded_terms(s)]
+    if u.op is Ops.MUL and (u.src[0].op is Ops.ADD or u.src[1].op is Ops.ADD):
+        return [x * y for x in expanded_terms(u.src[0]) for y in expanded_terms(u.src[1])]
+    return [u]
+
+
 def factors(u: UOp) -> tuple[int, Counter]:
     """`u` as constant * product(factors): the constant, and the non-constant factors counted."""
     constant, found, stack = 1, Counter[UOp](), [u]
