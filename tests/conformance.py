@@ -243,7 +243,9 @@ def run_sample(opinfo, sample, dtype: torch.dtype, variant: str = "contiguous") 
 # Strict: a graph that fails to compile is an error, not a silent eager run. No whole-graph
 # cache: a graph compiled by an older ember would hide a change to lowering (kernels, cached
 # by their source, are safe to share). Random ops call aten, so their values are eager's.
-SWEEP_ENVIRONMENT = {"EMBER_STRICT": "1", "EMBER_GRAPH_CACHE": "0", "EMBER_FALLBACK_RANDOM": "1"}
+# Every kernel is checked against the IR spec (uop/spec.py) after each codegen step, as in
+# the test suite: a spec violation is an error of the op that produced it.
+SWEEP_ENVIRONMENT = {"EMBER_STRICT": "1", "EMBER_GRAPH_CACHE": "0", "EMBER_FALLBACK_RANDOM": "1", "EMBER_CHECK_IR": "1"}
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from tests.helpers import check, check_lowered, compile_fn, data, indices, test_device, to_test_device, transposed
+from tests.helpers import check, check_lowered, compile_fn, data, indices, to_test_device, transposed
 
 f32, f64, i32, i64, b8 = torch.float32, torch.float64, torch.int32, torch.int64, torch.bool
 
@@ -262,15 +262,30 @@ INDEX_PUT: dict[str, Callable] = {
 
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
 @pytest.mark.parametrize("dtype", [f32, i64], ids=dtype_id)
-def test_index_put_and_friends(dtype, layout, request):
-    if layout == "transposed" and test_device() == "cuda" and torch.__version__ < "2.12":
-        # AOTAutograd itself (torch 2.11, before any ember stage) fails assert_functional_graph on
-        # this graph with CUDA inputs: a copy_ into an empty_permuted. Outside strict mode ember's
-        # frontend runs such a graph eagerly with a warning (test_end_to_end).
-        request.applymarker(pytest.mark.xfail(reason="torch 2.11 AOTAutograd on CUDA", strict=False))
+def test_index_put_and_friends(dtype, layout):
     make = transposed if layout == "transposed" else data
     g = indices([[0, 4], [1, 1], [3, 2], [-1, 0]])
     check_lowered(INDEX_PUT, make((4, 5), dtype), indices([3, 0, -2]), g, make((3, 5), dtype, 1))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced", "expanded"])
+def test_index_fill_of_any_layout(layout):
+    """ember's own index_fill decomposition (an index_put): torch 2.11's cloned a non-contiguous
+    input through copy_ into empty_permuted, which AOTAutograd rejected before ember ran."""
+    x = {
+        "contiguous": data((4, 6)),
+        "transposed": transposed((4, 6)),
+        "sliced": data((4, 12))[:, ::2],
+        "expanded": data((1, 6)).expand(4, 6),
+    }[layout]
+    ops = {
+        "scalar_dim1_negative_repeated": lambda x, i: x.index_fill(1, i, -2.5) * 2,
+        "tensor_value_dim0": lambda x, i: x.index_fill(0, i % 4, torch.tensor(7.0)),
+        "in_place_dim_minus_one": lambda x, i: x.clone().index_fill_(-1, i, float("nan")),
+    }
+    check_lowered(ops, x, indices([0, -1, 3, 3]))
+    torch._dynamo.reset()
+    check(lambda x, i: x.index_fill(0, i, 3), data(()), indices([0]))  # 0-d: dim 0 is the element
 
 
 def test_index_put_int32_indices_and_bool_values():

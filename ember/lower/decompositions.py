@@ -123,7 +123,23 @@ def view_copy(x, size):
     return torch.reshape(x, size).clone(memory_format=torch.contiguous_format)
 
 
+def index_fill(x, dim: int, index, value):
+    """`value` written at positions `index` along `dim`: an index_put with full slices before
+    `dim`. torch 2.11's decomposition clones a non-contiguous `x` through empty_permuted and
+    copy_, which AOTAutograd's functional-graph check rejects (an AssertionError on a transposed
+    or sliced input); index_put is functional on every torch."""
+    flat = x.reshape(1) if x.dim() == 0 else x
+    if isinstance(value, torch.Tensor):
+        fill = value.to(x.dtype)
+    else:
+        fill = torch.scalar_tensor(value, dtype=x.dtype, device=x.device)
+    positions = [None] * (dim % flat.dim()) + [index.reshape(-1)]
+    return aten.index_put.default(flat, positions, fill).reshape(x.shape)
+
+
 CORRECTED = {
+    aten.index_fill.int_Scalar: index_fill,
+    aten.index_fill.int_Tensor: index_fill,
     aten.multilabel_margin_loss_forward.default: multilabel_margin_loss_forward,
     aten.native_group_norm.default: native_group_norm,
     aten.view_copy.default: view_copy,
