@@ -225,3 +225,33 @@ def test_reshape_reads_fold_back_to_strided_reads():
     flat = b * 64 + c
     index = ((flat // (s1 * 64)) % s0) * (s1 * 64) + ((flat // 64) % s1) * 64 + flat % 64
     assert not any(u.op in (Ops.IDIV, Ops.MOD) for u in simplify(index).toposort)
+
+
+# ---- the graph cache ---------------------------------------------------------------------------------
+
+NEW_PROCESS = (
+    "import sys, torch, ember\n"
+    "f = lambda x, y: torch.softmax(x @ y, -1).sum(0)\n"
+    "n = int(sys.argv[1])\n"
+    "x, y = torch.randn(n, 8), torch.randn(8, n + 3)\n"
+    "got = torch.compile(f, backend='ember', dynamic=True)(x, y)\n"
+    "torch.testing.assert_close(got, f(x.double(), y.double()).float())\n"
+    "m = ember.metrics\n"
+    "print('METRICS', m.symbolic_graphs, m.graph_cache_hits, m.gcc_runs)\n"
+)
+
+
+def test_a_new_process_with_a_new_shape_loads_the_graph(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "EMBER_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run(n: int) -> list[str]:
+        done = subprocess.run([sys.executable, "-c", NEW_PROCESS, str(n)], env=env, capture_output=True, text=True,
+                              check=True)  # fmt: skip
+        return next(line for line in done.stdout.splitlines() if line.startswith("METRICS")).split()[1:]
+
+    assert run(6)[:2] == ["1", "0"]
+    assert run(11) == ["1", "1", "0"]  # another shape: the same symbolic graph, loaded whole
