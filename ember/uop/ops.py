@@ -35,7 +35,6 @@ class Ops(enum.Enum):
     AXIS = enum.auto()  # lowering-time placeholder for output dimension `arg` of a tensor
     RANGE = enum.auto()  # a loop variable; src: (CONST size,) or (CONST size, its tile loop), arg: RangeArg
     CONST = enum.auto()  # arg: the Python value
-    DEFINE_VAR = enum.auto()  # a size known only at run time, a kernel argument; arg: VarArg (Note: symbolic sizes)
     REDUCE = enum.auto()  # src: (value, *reduce RANGEs), arg: the combining Ops (ADD/MAX/MIN/MUL)
     DEFINE_ACC = enum.auto()  # accumulator declared where the REDUCE result lives; arg: AccArg
     ACC_UPDATE = enum.auto()  # src: (DEFINE_ACC, value, *reduce RANGEs); acc = combine(acc, value)
@@ -126,6 +125,8 @@ class Ops(enum.Enum):
     BLOCK_SCAN = enum.auto()  # src: (block,); the running combination along the r axis; arg: the combining Ops
     PHILOX4 = enum.auto()  # src: (seed, offset, position); the four uint32 words of one Philox4x32-10 call
     WORD = enum.auto()  # src: (PHILOX4,); word `arg` (0..3) of it
+    # (last: an op's number is part of kernel hashes through reprs of Ops args; appending keeps them)
+    DEFINE_VAR = enum.auto()  # a size known only at run time, a kernel argument; arg: VarArg (Note: symbolic sizes)
 
 
 MATH_UNARY_OPS = frozenset({Ops.ACOSH, Ops.ASINH, Ops.ATANH, Ops.ERFC, Ops.LGAMMA, Ops.SIGNBIT})

@@ -196,6 +196,8 @@ def remainder(x: UOp, d: UOp) -> UOp | None:
 
 def recombine(u: UOp) -> UOp | None:
     """(x // d)*(c*d) + (x % d)*c -> x*c, for a symbolic d: the halves of one index put back."""
+    if not u.has_variables:  # every static sum: nothing to look at
+        return None
     terms = addends(u)
     lows = [(j, m) for j, t in enumerate(terms) for m in _symbolic_remainders(t)]
     for j, m in lows:  # (static sums have none: one pass over their terms)
