@@ -46,7 +46,8 @@ class CppBackend:
         progress: CompileProgress | None = getattr(timings, "progress", None)
         with KernelBuilder(config, progress) as builder:
             with stage("codegen", timings):
-                dying = [{n: graph.buffers[n] for n in names} for names in graph_last_uses(graph, steps)]
+                dying = [{n: graph.buffers[n] for n in names if n not in graph.aliasing_outputs}
+                         for names in graph_last_uses(graph, steps)]  # fmt: skip
             rendered: dict[int, tuple[RenderedKernel, KernelAST]] = {}
             generated: dict[tuple, RenderedKernel] = {}  # Note: kernels generated once
             if progress is not None:

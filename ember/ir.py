@@ -212,5 +212,8 @@ class LoweredGraph:
     random_offsets: dict[str, int] = field(default_factory=dict)
     # inputs a step stores into, in place (Note: inputs written in place, lower/mutation.py)
     mutated_inputs: list[str] = field(default_factory=list)
+    # extern results that may be views of their arguments (aten's view ops): never written over in
+    # place, as the storage is an argument's, maybe a graph input's (codegen/kernel.py choose_inplace)
+    aliasing_outputs: set[str] = field(default_factory=set)
     # size inputs of a graph with symbolic sizes: argument name -> its SymInt (Note: symbolic sizes)
     size_arguments: dict[str, Any] = field(default_factory=dict)

@@ -255,3 +255,19 @@ def test_a_new_process_with_a_new_shape_loads_the_graph(tmp_path):
 
     assert run(6)[:2] == ["1", "0"]
     assert run(11) == ["1", "1", "0"]  # another shape: the same symbolic graph, loaded whole
+
+
+def test_a_slice_from_the_end_of_a_symbolic_size():
+    """x[-3:] of a symbolic size runs in aten (its start needs the size's value), as a view of
+    the input: the kernel after it must not store into it."""
+
+    def f(x):
+        return x[-3:] * 2
+
+    compiled = torch.compile(f, backend="ember", dynamic=True)
+    for n in (5, 8, 13):
+        x = torch.randn(n, 6)
+        before = x.clone()
+        torch.testing.assert_close(compiled(x), f(before))
+        assert torch.equal(x, before)
+    assert_compiled_once()

@@ -118,6 +118,8 @@ class LoweringContext:
         )
         if fallback:
             self.fallback_ops.append(str(op))
+        if _returns_alias(op):
+            self.graph.aliasing_outputs |= {b.name for b in outputs}
         values = [load(b) for b in outputs]
         if structure == "single":
             return values[0]
@@ -153,6 +155,12 @@ class LoweringContext:
         repeats = any(st == 0 and size > 1 for size, st in zip(shape, stride))
         layout = Layout.contiguous(shape) if repeats else Layout(shape, stride, 0)
         return self.add_buffer(Buffer(self.new_name(), dtype, layout, "extern"))
+
+
+def _returns_alias(op: Any) -> bool:
+    """Whether an aten op may return a view of an argument (its schema says a result aliases one)."""
+    schema = getattr(op, "_schema", None)
+    return schema is not None and any(r.alias_info is not None for r in schema.returns)
 
 
 def with_eager_unit_strides(ref: BufferRef, meta: Any) -> BufferRef:
