@@ -156,6 +156,26 @@ def test_training_forward_and_backward_compile_once():
     assert_compiled_once(graphs=2)  # the forward and the backward
 
 
+def test_gpt2_training_never_specializes():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=300, n_positions=128, attn_pdrop=0,
+                        resid_pdrop=0, embd_pdrop=0)  # fmt: skip
+    model = GPT2LMHeadModel(config)
+    reference = _upcast(model)
+    compiled = torch.compile(model, backend="ember", dynamic=True)
+    for b, s in [(2, 9), (3, 17), (2, 30)]:
+        ids = torch.randint(0, 300, (b, s))
+        compiled(ids, labels=ids).loss.backward()
+        reference(ids, labels=ids).loss.backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad.float(), rtol=1e-4, atol=1e-5)
+            p.grad, q.grad = None, None
+    assert ember.metrics.graphs_failed == 0 and dict(ember.metrics.symbolic_fallbacks) == {}
+    assert ember.metrics.shape_specializations == 0 and ember.metrics.symbolic_graphs >= 2  # forwards and backwards
+
+
 def test_a_refused_graph_is_compiled_per_shape_with_its_reason(monkeypatch):
     monkeypatch.setenv("EMBER_BACKEND", "triton")
     compiled = torch.compile(lambda x: torch.sin(x) * 2 + 1, backend="ember", dynamic=True)

@@ -410,7 +410,10 @@ def _output_views(ctx: LoweringContext, base: torch.fx.Node, members: list[torch
 
 def _replayed_view(views: list[torch.fx.Node], base: Layout) -> Layout | None:
     """The layout eager's view ops `views` give when applied in turn to a tensor laid out as
-    `base`, computed by running them on a meta tensor; None when an op takes a tensor argument."""
+    `base`, computed by running them on a meta tensor; None when an op takes a tensor argument,
+    or when `base` has symbolic sizes (a meta tensor takes numbers: the output is copied instead)."""
+    if not all(type(x) is int for x in (*base.size, *base.stride, base.offset)):
+        return None
     t = torch.empty(base.storage_size, device="meta").as_strided(base.size, base.stride, base.offset)
     for view in views:
         op = view.args[0] if view.target is operator.getitem else view  # a split, then its piece
