@@ -67,7 +67,9 @@ def choose_inplace(sink: UOp, members: dict[str, Buffer], dying: dict[str, Buffe
     UOp emitted before the store. No other store of the kernel may read the input (it could run
     after the overwrite: relu(y) and y * 2 in one kernel). Kernels with reductions (and scans) are left alone: their
     loop nests may recompute a load after a store. The input's buffer is renamed to the output's, so
-    the kernel sees one `__restrict__` pointer, never two aliasing ones."""
+    the kernel sees one `__restrict__` pointer, never two aliasing ones. An aten result that may be
+    a view of its arguments (as_strided of a graph input) is never among the dying inputs: its
+    storage is another tensor's (LoweredGraph.aliasing_outputs)."""
     if not dying or any(u.op in (Ops.REDUCE, Ops.SCAN) for u in sink.toposort):
         return {}
     reads: dict[str, set[object]] = {}
