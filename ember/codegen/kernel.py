@@ -163,8 +163,11 @@ def indexed_store_sink(step: IndexedStore) -> UOp:
     at computed positions). With an owner dim, its loop is outermost (the parallel one), so
     threads never share an element and the stores need no atomics; it is split into chunks of
     OWNER_CHUNK, the chunk loop outermost and the lane loop innermost, so reads stay sequential."""
-    owners = [d for d in step.owner_dims  # (a symbolic size: no owner chunks, Note: symbolic sizes)
-              if type(step.shape[d]) is int and step.shape[d] >= 2 * OWNER_CHUNK and step.shape[d] % OWNER_CHUNK == 0]
+    owners = [
+        d
+        for d in step.owner_dims  # (a symbolic size: no owner chunks, Note: symbolic sizes)
+        if type(step.shape[d]) is int and step.shape[d] >= 2 * OWNER_CHUNK and step.shape[d] % OWNER_CHUNK == 0
+    ]
     owner = max(owners, key=lambda d: step.shape[d], default=None)
     loop_vars = [UOp.range(s, d + 1) if s != 1 else UOp.const(dtypes.index, 0) for d, s in enumerate(step.shape)]
     if owner is not None:
