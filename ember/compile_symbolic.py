@@ -6,13 +6,14 @@ callable that serves every shape the graph's guards admit. The graph goes throug
 refuses new guards: any stage that needs a concrete size raises there. A graph that cannot be
 compiled so (a stage or an op that needs a concrete size, the Triton backend, a data-dependent
 size) is compiled per concrete shape instead (shape_specialization.py); the reason is counted in
-`metrics.symbolic_fallbacks` and logged (EMBER_DEBUG shows it).
+`metrics.symbolic_fallbacks`, logged, and under EMBER_DEBUG written to symbolic_fallbacks.txt.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,9 +40,15 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list[Any], config
     return call
 
 
-def record_fallback(reason: str, role: str) -> None:
+def record_fallback(reason: str, role: str, config: Config) -> None:
+    """Counted in metrics, logged, and under EMBER_DEBUG appended to symbolic_fallbacks.txt in the debug folder."""
     metrics.tally("symbolic_fallbacks", {reason: 1})
     logger.info("%s graph with dynamic shapes is compiled per shape: %s", role, reason)
+    if config.debug:
+        folder = Path(config.debug_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "symbolic_fallbacks.txt", "a") as f:
+            f.write(f"{role} graph compiled per shape: {reason}\n")
 
 
 def _refusal(example_inputs: list[Any], config: Config) -> str | None:

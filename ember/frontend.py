@@ -82,7 +82,7 @@ def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], con
             compiled = compile_symbolic(gm, example_inputs, config, role)
         if not isinstance(compiled, str):
             return compiled
-        record_fallback(compiled, role)
+        record_fallback(compiled, role, config)
         static_compiler = functools.partial(compile_or_fallback, config=config, role=role)
         return ShapeSpecializedGraph(gm, static_compiler, config.shape_specializations, config.strict)
     if role in ("forward", "inference"):

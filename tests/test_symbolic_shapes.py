@@ -291,3 +291,13 @@ def test_a_slice_from_the_end_of_a_symbolic_size():
         torch.testing.assert_close(compiled(x), f(before))
         assert torch.equal(x, before)
     assert_compiled_once()
+
+
+def test_the_reason_is_in_the_debug_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_BACKEND", "triton")
+    monkeypatch.setenv("EMBER_DEBUG", "1")
+    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path))
+    compiled = torch.compile(lambda x: x.cos() + 1, backend="ember", dynamic=True)
+    x = torch.randn(5)
+    torch.testing.assert_close(compiled(x), x.cos() + 1)
+    assert "Triton kernels take static sizes" in (tmp_path / "symbolic_fallbacks.txt").read_text()
