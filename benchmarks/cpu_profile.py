@@ -1,7 +1,7 @@
 """Single-thread CPU-time profile of the suite's workloads: steady on a busy machine.
 
-    OMP_NUM_THREADS=1 python -m benchmarks.cpu_profile [--models a,b] [--compilers eager,inductor,ember]
-                                                       [--kernels N] [--rounds N]
+    OMP_NUM_THREADS=1 python -m benchmarks.cpu_profile [--suite default|real] [--models a,b]
+                                                       [--compilers eager,inductor,ember] [--kernels N] [--rounds N]
 
 Wall time on a shared machine measures the other users as much as the code: an OpenMP
 region whose second thread is descheduled waits a whole time slice. The CPU time of the one
@@ -69,8 +69,8 @@ def benchmarked_step(workload: suite.Workload, compiler: str) -> Callable[[], ob
     return run.make_step(model, workload)
 
 
-def profile(name: str, compilers: list[str], rounds: int, kernels: int) -> str:
-    workload = suite.build(name)
+def profile(name: str, compilers: list[str], rounds: int, kernels: int, suite_name: str = "default") -> str:
+    workload = run.SUITES[suite_name][name](False)
     if workload is None:
         return f"{name:22s} skipped (a package it needs is missing)"
     cells = []
@@ -90,7 +90,8 @@ def profile(name: str, compilers: list[str], rounds: int, kernels: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(suite.WORKLOADS))
+    parser.add_argument("--suite", choices=sorted(run.SUITES), default="default")
+    parser.add_argument("--models", default=None, help="comma-separated workloads (default: all of the suite)")
     parser.add_argument("--compilers", default="eager,inductor,ember")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--kernels", type=int, default=0)
@@ -100,8 +101,8 @@ def main() -> None:
     torch.set_num_threads(1)
     wrapper_runtime.load_kernel = timed_load_kernel(wrapper_runtime.load_kernel)
     print("CPU ms per call, one thread, minimum over the rounds")
-    for name in args.models.split(","):
-        print(profile(name, args.compilers.split(","), args.rounds, args.kernels), flush=True)
+    for name in (args.models or ",".join(run.SUITES[args.suite])).split(","):
+        print(profile(name, args.compilers.split(","), args.rounds, args.kernels, args.suite), flush=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ per-kernel bandwidth and peak-memory reports.
 
 For each workload, in one process:
     1. cold compile: each compiler's first call, timed, with empty caches (a fresh
-       TORCHINDUCTOR_CACHE_DIR and EMBER_CACHE_DIR per workload, dynamo reset between workloads);
+       TORCHINDUCTOR_CACHE_DIR, EMBER_CACHE_DIR and TRITON_CACHE_DIR per workload, dynamo reset
+       between workloads; on the GPU it includes compiling and tuning the Triton kernels);
        ember's metrics are reset first and read after, for kernel and fallback counts
     2. correctness: each compiled result against a float64-upcast eager reference (eager float32
        where float64 fails), within rtol = atol = 1e-3; the max abs error is kept
@@ -354,9 +355,12 @@ def environment(**values: str) -> Iterator[None]:
 
 
 def fresh_compile_state(cache_dir: Path) -> None:
-    """Empty caches for the next workload: new cache folders, dynamo and inductor in-memory state cleared."""
+    """Empty caches for the next workload: new cache folders, dynamo and inductor in-memory state
+    cleared. Triton's too: ember's Triton kernels compile into Triton's cache (and inductor's
+    into this one when it is set), which would otherwise stay warm from earlier runs."""
     os.environ["EMBER_CACHE_DIR"] = str(cache_dir / "ember")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
+    os.environ["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     inductor = sys.modules.get("torch._inductor.utils")  # nothing to clear if never imported
@@ -411,11 +415,10 @@ def warm_compile_seconds(name: str, ember_cache: Path, args, result: ModelResult
 def compile_only(args: argparse.Namespace) -> None:
     """`--compile-only`: compile each workload with ember once, using the cache as it is, and
     print the first call's time as one JSON line (read by warm_compile_seconds)."""
-    ember_cache = os.environ.get("EMBER_CACHE_DIR")
+    caches = {name: os.environ.get(name) for name in ("EMBER_CACHE_DIR", "TRITON_CACHE_DIR")}
     with tempfile.TemporaryDirectory(prefix="ember-bench-warm-up-") as scratch:
         warm_up_process(["ember"], Path(scratch), args.device)
-    if ember_cache is not None:
-        os.environ["EMBER_CACHE_DIR"] = ember_cache
+    os.environ.update({name: value for name, value in caches.items() if value is not None})
     for name in args.models:
         workload = SUITES[args.suite][name](args.quick)
         if workload is None:
@@ -439,7 +442,8 @@ def run_suite(args: argparse.Namespace) -> list[ModelResult]:
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ember-bench-")))
         # The cache folders set per workload do not outlive the run.
-        stack.enter_context(environment(EMBER_STRICT=strict, EMBER_CACHE_DIR="", TORCHINDUCTOR_CACHE_DIR=""))
+        stack.enter_context(environment(EMBER_STRICT=strict, EMBER_CACHE_DIR="", TORCHINDUCTOR_CACHE_DIR="",
+                                        TRITON_CACHE_DIR=""))  # fmt: skip
         warm_up_process(args.compilers, root, args.device)
         for name in args.models:
             workload = SUITES[args.suite][name](args.quick)
@@ -557,6 +561,12 @@ def details(results: list[ModelResult]) -> list[str]:
             lines.append(f"    cold compile {compile_breakdown(r.compile_s['ember'], metrics['compile_seconds'])}")
         if r.warm_compile_s is not None and "warm_compile_seconds" in metrics:
             lines.append(f"    warm compile {compile_breakdown(r.warm_compile_s, metrics['warm_compile_seconds'])}")
+        if metrics.get("triton_configs_precompiled") or metrics.get("triton_compiles_in_process"):
+            lines.append(  # Note: the compile pool and Note: bounded tuning (ember/runtime/triton*.py)
+                f"    triton: {metrics['triton_configs_precompiled']} configurations compiled ahead by the pool, "
+                f"{metrics['triton_compiles_in_process']} compiled at a call, {metrics['triton_kernels_tuned']} "
+                f"kernels tuned ({metrics['triton_configs_timed']} configurations timed)"
+            )
         if metrics.get("warm_code_cache_misses"):
             lines.append(
                 f"    warm compile missed the code cache for {metrics['warm_code_cache_misses']} kernels: "
@@ -589,6 +599,17 @@ def bandwidth_lines(results: list[ModelResult]) -> list[str]:
     return lines
 
 
+def total_compile_line(results: list[ModelResult], compilers: list[str]) -> str:
+    """Cold compile summed over the workloads every compiler compiled (the suite-wide comparison)."""
+    both = [r for r in results if all(c in r.compile_s for c in compilers)]
+    totals = {c: sum(r.compile_s[c] for r in both) for c in compilers}
+    text = ", ".join(f"{c} {s:.1f} s" for c, s in totals.items())
+    ratio = ""
+    if totals.get("inductor") and "ember" in totals:
+        ratio = f" (ember/inductor {totals['ember'] / totals['inductor']:.2f})"
+    return f"cold compile, total over the {len(both)} workloads every compiler compiled: {text or '-'}{ratio}"
+
+
 def report(results: list[ModelResult], compilers: list[str], statistic: str) -> str:
     out = [f"times: {statistic} of the timing samples", format_table(table_rows(results, compilers)), ""]
     for compiler in compilers:
@@ -598,6 +619,7 @@ def report(results: list[ModelResult], compilers: list[str], statistic: str) -> 
             text = "-" if mean is None else f"{mean:.2f}x over {len(values)} workloads"
             out.append(f"geomean speedup over eager, {compiler}: {text}")
     out.append("(* = ember ran some graphs eagerly; the geomean counts only correct, fully compiled workloads)")
+    out.append(total_compile_line(results, [c for c in compilers if c != "eager"]))
     out += ["", f"bandwidth (bytes a fused kernel must move / {statistic} time):", *bandwidth_lines(results)]
     out += ["", "details:", *details(results)]
     return "\n".join(out)

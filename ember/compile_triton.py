@@ -2,7 +2,7 @@
 (codegen/phases.block_rewrite: REDUCE and SCAN stay, for block reductions), a block plan
 (codegen/blocks.py: from the limits the backend declares), block lowering of each variant
 (codegen/block_lowering.py), the shared linearizer, renderer/triton.py, and a module in the cache
-that Triton compiles at its first launch.
+whose launch configurations the compile pool compiles when the wrapper loads it.
 
 compile_graph picks the backend per graph from its inputs' device (`backend_for`): CUDA inputs
 go to Triton; CPU inputs to C++, unless `config.backend == "triton"`, which runs Triton
@@ -30,6 +30,7 @@ from ember.renderer.common import RenderedKernel
 from ember.renderer.triton_math import UNRENDERABLE
 from ember.renderer.triton_module import render_triton
 from ember.runtime.triton import write_module
+from ember.runtime.triton_pool import compile_pool
 from ember.schedule import KernelStep
 from ember.uop.ops import UOp
 from ember.wrapper.python import KernelBinary
@@ -48,8 +49,11 @@ class TritonBackend:
 
     def prepare(self, graph: LoweredGraph, lowering, config: Config) -> None:
         """Reductions with too few outputs to fill the GPU split over many programs (Note: split
-        reductions)."""
+        reductions). On the GPU, the compile pool's workers start now, while the graph is
+        scheduled and generated (Note: the compile pool, runtime/triton_pool.py)."""
         split_reductions(graph, lowering, SplitPolicy(config.split_reductions))
+        if not self.interpret:
+            compile_pool(config.compile_threads).start()
 
     def generate(self, graph: LoweredGraph, steps: list, config: Config, debug: DebugDump,
                  timings: dict[str, float]) -> GeneratedKernels:  # fmt: skip
@@ -98,7 +102,8 @@ def block_programs(sink: UOp, plan: BlockPlan, check_ir: bool = False) -> dict[s
 
 def compile_triton_kernels(rendered: dict[int, tuple[RenderedKernel, tuple[str, ...]]], config: Config,
                            interpret: bool) -> dict[int, KernelBinary]:  # fmt: skip
-    """Writes each module into the cache; Triton compiles on first launch (runtime/triton.py)."""
+    """Writes each module into the cache; its launch configurations compile when the wrapper loads
+    it, in the compile pool (runtime/triton.py `TritonLauncher.precompile`)."""
     binaries = {}
     for i, (kernel, params) in rendered.items():
         path, sha256, cached = write_module(kernel.source, Path(config.cache_dir), interpret, ember.__version__)

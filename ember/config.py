@@ -58,7 +58,8 @@ class Config:
     fallback_random: bool = _flag(False, "EMBER_FALLBACK_RANDOM", True,
                                   "random ops call aten: eager's generator and values, no fusion")  # fmt: skip
     compile_threads: int = _flag(0, "EMBER_COMPILE_THREADS", False,
-                                 "kernels compiled in parallel; 0: one per usable CPU core", minimum=0)  # fmt: skip
+                                 "kernels compiled in parallel (gcc processes; Triton compile workers, fixed by the "
+                                 "process's first GPU compile); 0: one per usable CPU core", minimum=0)  # fmt: skip
     backend: str = _flag("auto", "EMBER_BACKEND", True,
                          "auto (or cpp): C++ for CPU graphs, Triton for CUDA; triton: Triton for CPU graphs too "
                          "(under Triton's interpreter)", choices=("auto", "cpp", "triton"))  # fmt: skip

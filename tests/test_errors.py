@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.helpers import check, compile_fn
+from tests.helpers import check, compile_fn, to_test_device
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
@@ -41,10 +41,45 @@ def test_gather_out_of_range_raises_then_recovers():
     compiled = compile_fn(fn)
     torch.testing.assert_close(compiled(x, i), fn(x, i))
     i[1, 2] = 7
-    with pytest.raises(IndexError, match="out of range"):
+    with pytest.raises(RuntimeError, match="index 7 is out of bounds"):  # as eager's gather
         compiled(x, i)
     i[1, 2] = -1
-    with pytest.raises(IndexError, match="out of range"):
+    with pytest.raises(RuntimeError, match="index -1 is out of bounds"):
         compiled(x, i)
     i[1, 2] = 4
     torch.testing.assert_close(compiled(x, i), fn(x, i))
+
+
+# ops reading positions from data: x (6, 5), i (3,) with one bad position. index_add reaches ember
+# as index_put (AOTAutograd's decomposition), so its error is index_put's IndexError.
+BAD_POSITIONS = {
+    "embedding": lambda x, i: torch.nn.functional.embedding(i, x) * 2,
+    "index_select": lambda x, i: x.index_select(0, i) + 1,
+    "advanced_index": lambda x, i: x[i] * 2,
+    "gather": lambda x, i: torch.gather(x, 0, i.unsqueeze(1).expand(3, 5)) * 2,
+    "scatter": lambda x, i: x.scatter(0, i.unsqueeze(1).expand(3, 5), 1.0),
+    "index_put": lambda x, i: x.index_put((i,), torch.tensor(1.0, device=x.device)),
+    "index_add": lambda x, i: x.index_add(0, i, torch.ones(3, 5, device=x.device)),
+    "put": lambda x, i: x.put(i, torch.ones(3, device=x.device)),
+}
+WRAPS_NEGATIVE = {"advanced_index", "index_put", "put"}  # -k counts from the end, as in Python
+
+
+@pytest.mark.parametrize("op", list(BAD_POSITIONS))
+@pytest.mark.parametrize("bad", [123, -141])
+def test_kernel_errors_name_the_offending_index(op, bad):
+    """An ember kernel's error names the index it rejects, as eager's mostly do, with eager's
+    exception type (Note: kernel errors)."""
+    fn = BAD_POSITIONS[op]
+    x, i = to_test_device(torch.randn(6, 5)), to_test_device(torch.tensor([1, bad, 2]))
+    with pytest.raises((IndexError, RuntimeError)) as eager:
+        fn(x.cpu(), i.cpu())
+    compiled = compile_fn(fn)
+    kind = IndexError if op == "index_add" else type(eager.value)
+    with pytest.raises(kind, match=f"index {bad} ") as got:
+        compiled(x, i)
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+    assert "reported by an ember kernel" in str(got.value)
+    i[1] = -2 if op in WRAPS_NEGATIVE else 4
+    torch.testing.assert_close(compiled(x, i).cpu(), fn(x.cpu(), i.cpu()))

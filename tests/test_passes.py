@@ -304,11 +304,23 @@ def test_linear_with_activation_is_one_onednn_call(activation, fused, small_line
 
 @needs_mkldnn
 def test_matmul_with_an_in_out_matrix(small_linears):
-    """GPT-2's Conv1D: addmm(b, x, w) with w of shape (in, out); and mm of two activations."""
-    check(lambda b, x, w: torch.addmm(b, x, w), data((6,)), data((5, 4)), data((4, 6)))
+    """mm/addmm of an (in, out) matrix stored column-major: oneDNN reads its transpose as a
+    row-major weight; and mm of two activations."""
+    check(lambda b, x, w: torch.addmm(b, x, w), data((6,)), data((5, 4)), transposed((4, 6)))
     check(lambda x, y: torch.tanh(torch.mm(x, y.t().exp())), data((5, 4)), data((3, 4)))
     check(lambda x, y: torch.mm(x, y), data((5, 4)), transposed((4, 3)))
     assert ember.metrics.pass_rewrites["mkldnn_linear"] == 4  # tanh is a post-op
+    assert ember.metrics.fallback_calls == 0
+
+
+@needs_mkldnn
+@pytest.mark.parametrize("rows", [5, 64])
+def test_row_major_in_out_matrix_stays_with_aten(rows, small_linears):
+    """GPT-2's Conv1D weight, (in, out) row-major: oneDNN would read it transposed, at up to
+    twice aten's time (mkldnn.linear_of_matrix)."""
+    check(lambda b, x, w: torch.addmm(b, x, w), data((6,)), data((rows, 4)), data((4, 6)))
+    check(lambda x, w: torch.relu(torch.mm(x, w)), data((rows, 8)), data((8, 3)))
+    assert ember.metrics.pass_rewrites["mkldnn_linear"] == 0
     assert ember.metrics.fallback_calls == 0
 
 
@@ -368,6 +380,45 @@ def test_convolution_batchnorm_relu_is_one_onednn_call(bias):
 def test_convolution_with_activation(activation):
     model = eval_model(nn.Conv2d(4, 6, 3), activation)
     check_inference(model, data((1, 4, 7, 9)).to(memory_format=torch.channels_last))
+    assert ember.metrics.pass_rewrites["mkldnn_convolution"] == 1
+
+
+def convolution_weights(graph: torch.fx.Graph) -> list:
+    return [n.args[1] for n in graph.nodes if n.op == "call_function" and n.target in
+            (aten.convolution.default, torch.ops.mkldnn._convolution_pointwise.default)]  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel, groups, stride, dilation", [(3, 1, 1, 1), (3, 2, 2, 2), (5, 1, 2, 1), (1, 1, 1, 1),
+                                                              (3, 4, 1, 1)])  # fmt: skip
+def test_spatial_convolution_weights_are_channels_last(kernel, groups, stride, dilation):
+    """A kernel larger than 1 x 1 reads an OHWI weight (Note: channels-last weights, layout.py);
+    a 1 x 1 or depthwise weight is OHWI already."""
+    model = eval_model(nn.Conv2d(4, 8, kernel, stride=stride, dilation=dilation, groups=groups), nn.Tanh(),
+                       nn.Conv2d(8, 4, kernel, padding=kernel // 2, groups=groups))  # fmt: skip
+    for shape in [(1, 4, 11, 11), (3, 4, 12, 9)]:
+        check_inference(model, data(shape), atol=2e-5)
+    with torch.no_grad():
+        (graph,) = graphs_after_passes(model, data((1, 4, 11, 11)))
+    weights = [w.meta["val"] for w in convolution_weights(graph)]
+    assert len(weights) == 2 and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)
+    copied = [w for w in convolution_weights(graph) if w.op == "call_function"]
+    convolutions = [m for m in model if isinstance(m, nn.Conv2d)]
+    plain = [m for m in convolutions if not m.weight.is_contiguous(memory_format=torch.channels_last)]
+    assert len(copied) == len(plain) == (0 if kernel == 1 else 1 if groups == 4 else 2)
+
+
+@needs_mkldnn
+@pytest.mark.parametrize("size, folded", [(2, 0), (16, 1)])
+def test_batchnorm_is_folded_into_a_weight_no_larger_than_the_output(size, folded):
+    """A 1 x 1 convolution's BatchNorm stays an ember kernel where folding it would cost a pass
+    over a weight larger than the output (Note: when folding BatchNorm into the weight pays); a
+    3 x 3 weight is copied into OHWI anyway, so its BatchNorm always folds."""
+    model = eval_model(nn.Conv2d(64, 256, 1), nn.BatchNorm2d(256), nn.ReLU())
+    check_inference(model, data((1, 64, size, size)), atol=3e-5)
+    assert ember.metrics.pass_rewrites["mkldnn_convolution"] == folded
+    ember.metrics.reset()
+    model = eval_model(nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU())
+    check_inference(model, data((1, 64, 2, 2)), atol=3e-5)
     assert ember.metrics.pass_rewrites["mkldnn_convolution"] == 1
 
 
@@ -438,3 +489,32 @@ def test_convolution_training_step_matches_eager():
     model(x).sum().backward()
     for got, expected in zip(grads, [p.grad for p in model.parameters()]):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+class TwoBranches(nn.Module):
+    """A stem, a pooling, then two convolutions reading the pooled activations (ResNet's first
+    block and its shortcut)."""
+
+    def __init__(self, pool: nn.Module):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), pool)
+        self.left, self.right = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(x)
+        return torch.tanh(self.left(y)) + self.right(y)
+
+
+@pytest.mark.parametrize("pool", [nn.MaxPool2d(3, 2, 1), nn.AvgPool2d(2), nn.MaxPool2d(2, 1)])
+def test_pooling_of_nhwc_activations_stays_nhwc(pool):
+    """Eager pools NHWC activations into NHWC ones, so both convolutions read the pooled values
+    with no copy (layout.py), which lowering stores NHWC (lower/graph.py _channels_last_layout),
+    walked channels innermost (one accumulator per channel lane)."""
+    model = eval_model(TwoBranches(pool))
+    for shape in [(1, 4, 12, 12), (2, 4, 9, 11)]:
+        check_inference(model, data(shape), atol=2e-5)
+        with torch.no_grad():
+            (graph,) = graphs_after_passes(model, data(shape))
+        copies = [n for n in graph.nodes if n.target is aten.clone.default
+                  and n.kwargs.get("memory_format") == torch.channels_last]  # fmt: skip
+        assert copies and all(n.args[0].op == "placeholder" for n in copies)  # the input and the weights only

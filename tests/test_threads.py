@@ -159,25 +159,15 @@ def wrong_outcomes(fn, weight, good, bad, want, calls: int, start: threading.Bar
 
 
 class StandInKernel:
-    """What `fn[(grid,)](...)` returns: a compiled kernel that records how it is run."""
+    """What ember's compile gives (runtime/triton_compile.py): a compiled kernel that records how
+    it is run and the block sizes it was compiled for."""
 
-    def __init__(self, grid: int, blocks: dict, runs: list) -> None:
-        self.grid, self.blocks, self.runs = grid, tuple(blocks.values()), runs
+    def __init__(self, blocks: dict, runs: list) -> None:
+        self.blocks, self.runs = tuple(blocks.values()), runs
         self.function = self.packed_metadata = None
 
     def run(self, grid, _y, _z, _stream, _function, _metadata, _a, _b, _c, *args):
-        self.runs.append((grid, args[-len(self.blocks) :], (self.grid, self.blocks)))
-
-
-class StandInJit:
-    def __init__(self, runs: list) -> None:
-        self.runs = runs
-
-    def __getitem__(self, grid):
-        def launch(*args, num_warps=0, enable_fp_fusion=True, **blocks):
-            return StandInKernel(grid[0], blocks, self.runs)
-
-        return launch
+        self.runs.append((grid, args[-len(self.blocks) :], self.blocks))
 
 
 @pytest.fixture
@@ -185,9 +175,12 @@ def stand_in_launcher(monkeypatch):
     from ember.runtime import triton as triton_runtime
 
     runs: list = []
-    module = type("StandInModule", (), {"k_pointwise": StandInJit(runs)})
+    module = type("StandInModule", (), {"k_pointwise": object(), "_sha256": "0" * 64})
     monkeypatch.setattr(triton_runtime, "torch_cuda_current_device", lambda: 0)
     monkeypatch.setattr(triton_runtime, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(triton_runtime, "device_facts", lambda device: (("cuda", 90, 32), "stand-in GPU"))
+    monkeypatch.setattr(triton_runtime, "compile_kernel",
+                        lambda fn, request: StandInKernel(dict(request.constexprs), runs))  # fmt: skip
     launcher = triton_runtime.TritonLauncher(module, "k", ["pointwise"], 4096, 0, [0], interpret=False,
                                              autotune=False)  # fmt: skip
     return launcher, runs
@@ -201,11 +194,13 @@ def test_a_trial_launch_never_changes_what_other_calls_run(stand_in_launcher):
     launcher, runs = stand_in_launcher
     t = torch.zeros(4096)
     launcher(t)  # chooses (XBLOCK 1024: a grid of 4) and compiles for this alignment
-    launcher.launch(LaunchConfig("pointwise", 256, 0, 2), (t,))  # a trial, as `benchmark` runs them
+    launcher.trial(LaunchConfig("pointwise", 256, 0, 2), (t,), ("cuda", 90, 32))()  # as `benchmark` runs them
+    assert runs[-1] == (16, (256,), (256,))
+    runs.clear()
     launcher(t)
     assert runs, "the second call took the fast path"
     for grid, blocks, compiled_for in runs:
-        assert (grid, blocks) == compiled_for == (4, (1024,))
+        assert (grid, blocks) == (4, (1024,)) and compiled_for == (1024,)
 
 
 def test_racing_first_calls_choose_a_configuration_once(stand_in_launcher, monkeypatch):

@@ -78,6 +78,7 @@ test_integer_overflow_wraps_like_eager = test_ops.test_integer_overflow_wraps_li
 test_floor_division_ties_round_like_eager = test_ops.test_floor_division_ties_round_like_eager
 test_python_scalars = test_ops.test_python_scalars
 test_nested_division_by_zero = test_errors.test_a_zero_divisor_of_a_division_feeding_another_is_reported
+test_kernel_errors_name_the_offending_index = test_errors.test_kernel_errors_name_the_offending_index
 test_view = _subset(test_ops.test_view, base=lambda b: b == test_ops.VIEW_BASES[0])
 test_sum_mean_amax_amin_prod = test_reductions.test_sum_mean_amax_amin_prod
 test_arg_and_indexed_extremes = _subset(

@@ -19,7 +19,7 @@ lowering for C++ (`full_rewrite`), none for Triton's blocks (`block_rewrite`), w
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from ember.codegen.block_lowering import lower_blocks
@@ -150,7 +150,7 @@ def check_integer_division(sink: UOp) -> UOp:
             return u
         if u.src[1].vmin > 0 or u.src[1].vmax < 0:
             return u
-        return UOp(Ops.CHECK, u.dtype, (u, u.src[1].alu(Ops.CMPNE, u.src[1].const_like(0))), error)
+        return UOp(Ops.CHECK, u.dtype, (u, u.src[1].alu(Ops.CMPNE, u.src[1].const_like(0)), u.src[1]), error)
 
     # once each, sources first: a division whose only user is another division keeps its CHECK
     return rewrite_each_once(sink, checked)
@@ -158,7 +158,7 @@ def check_integer_division(sink: UOp) -> UOp:
 
 pm_checks = PatternMatcher(
     [
-        (UPat(Ops.CHECK, src=(UPat.var("x"), UPat.const(True))), lambda x: x),  # CHECK(x, True) -> x
+        (UPat(Ops.CHECK, src=(UPat.var("x"), UPat.const(True), UPat())), lambda x: x),  # CHECK(x, True, r) -> x
     ]
 )
 
@@ -190,8 +190,8 @@ def order_loops(sink: UOp) -> UOp:
     """Renumber loop ranges so the one with the largest store stride is outermost, as a
     row-major walk of each output keeps both the writes and most reads sequential."""
     loops = [u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce]
-    if len(loops) < 2 or any(u.op in (Ops.REDUCE, Ops.SCAN) or isinstance(u.arg, ScatterArg) for u in sink.toposort):
-        return sink  # reductions stay hoisted only while their loops stay outermost; scatters chose theirs
+    if len(loops) < 2 or not _loops_may_move(sink.toposort, set(loops)):
+        return sink
     stride = {r: 0 for r in loops}
     for store in (s for s in sink.src if s.op is Ops.STORE):
         for r, coefficient in _coefficients(store.src[0].src[1]).items():
@@ -217,6 +217,20 @@ def symbolic_stride(term: UOp) -> tuple[UOp, int] | None:
         if u is not loops[0]:
             estimate *= max(u.arg.vmin, 2) ** n
     return loops[0], estimate
+
+
+def _loops_may_move(uops: Iterable[UOp], loops: set[UOp]) -> bool:
+    """Reductions stay hoisted only while their loops stay outermost (a row's maximum computed
+    once per row), so a kernel with a reduction keeps its order, unless every reduction varies
+    with every loop (a pooling window per output element: nothing hoisted, and walking NHWC
+    activations channels innermost gives the reduction one accumulator per lane, Note: lane
+    accumulators). Scans and scatters chose their order."""
+    for u in uops:
+        if u.op is Ops.SCAN or isinstance(u.arg, ScatterArg):
+            return False
+        if u.op is Ops.REDUCE and not loops <= u.ranges:
+            return False
+    return True
 
 
 def _coefficients(index: UOp) -> dict[UOp, int]:

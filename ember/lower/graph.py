@@ -159,7 +159,10 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
     if isinstance(value, TensorValue):
         value = _maybe_realize(ctx, node, value)
     elif isinstance(value, tuple):
-        value = tuple(_maybe_realize(ctx, node, v) if isinstance(v, TensorValue) else v for v in value)
+        metas = node.meta.get("val")
+        metas = metas if isinstance(metas, (tuple, list)) and len(metas) == len(value) else (None,) * len(value)
+        value = tuple(_maybe_realize(ctx, node, v, m) if isinstance(v, TensorValue) else v
+                      for v, m in zip(value, metas))  # fmt: skip
     return value
 
 
@@ -193,11 +196,16 @@ def _kernel_dtypes_only(node: torch.fx.Node, args: tuple, kwargs: dict) -> bool:
     return True
 
 
-def _maybe_realize(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue) -> TensorValue:
-    """Note: when a value is realized (see the module docstring)."""
+def _maybe_realize(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue, result_meta: Any = None
+                   ) -> TensorValue:  # fmt: skip
+    """Note: when a value is realized (see the module docstring). `result_meta`: the fake value of
+    this one result of a node returning several (max pooling's values and indices)."""
     nodes = value.body.toposort
     if any(u.op is Ops.REDUCE for u in nodes):
         # inlined into a consumer with more loops, a reduction would be recomputed per element
+        layout = _channels_last_layout(node.meta.get("val") if result_meta is None else result_meta, value)
+        if layout is not None:  # pooling NHWC activations: channels stay innermost, as eager's result
+            return load(ctx.buffers[ctx.realize(value, node.name, layout).name], layout)
         return ctx.realized(value, node.name)
     if _feeds_extern_kernel(node) and as_strided_read(value) is None:
         # in eager's layout: views of it (saved for backward, returned) then have eager's strides;
@@ -209,6 +217,17 @@ def _maybe_realize(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue
     if opcount > MAX_INLINE_OPCOUNT or (len(node.users) > 1 and opcount > REUSE_OPCOUNT):
         return ctx.realized(value, node.name)
     return value
+
+
+def _channels_last_layout(meta: Any, value: TensorValue) -> Layout | None:
+    """Eager's layout for a 4-d result that eager gives channels-last (a pooling of NHWC
+    activations, passes/layout.py), else None. Stored row-major, it would be read across the
+    channels and copied back to NHWC for the next convolution."""
+    if not isinstance(meta, torch.Tensor) or meta.dim() != 4 or meta.is_contiguous():
+        return None
+    if not meta.is_contiguous(memory_format=torch.channels_last):
+        return None
+    return _eager_output_layout(meta, value.shape)
 
 
 def _feeds_extern_kernel(node: torch.fx.Node) -> bool:

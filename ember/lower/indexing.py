@@ -62,15 +62,16 @@ def clamped(i: UOp, low: int, high: int) -> UOp:
     return i.alu(Ops.MAX, const_index(low)).alu(Ops.MIN, const_index(high))
 
 
-def data_index(value: UOp, size: int, wrap_negative: bool, op: str = "indexing") -> UOp:
+def data_index(value: UOp, size: int, wrap_negative: bool, op: str = "indexing", kind: str = "IndexError") -> UOp:
     """An index loaded from data, as a safe position in a dim of `size` (Note: out-of-range
-    indices); with `wrap_negative`, -size..-1 count from the end, as in Python."""
-    i = value.cast(dtypes.index)
+    indices); with `wrap_negative`, -size..-1 count from the end, as in Python. `kind`: the
+    exception eager raises for this op."""
+    given = i = value.cast(dtypes.index)
     if wrap_negative:
         i = i.lt(0).where(i + size, i)
     in_range = const_index(-1).alu(Ops.CMPLT, i).alu(Ops.AND, i.lt(size))
-    error = CheckArg("IndexError", f"{op}: index out of range for a dimension of size {size}")
-    return UOp(Ops.CHECK, dtypes.index, (clamped(i, 0, size - 1), in_range), error)
+    error = CheckArg(kind, f"{op}: index {{value}} is out of bounds for a dimension of size {size}")
+    return UOp(Ops.CHECK, dtypes.index, (clamped(i, 0, size - 1), in_range, given), error)
 
 
 def identity_axes(ndim: int) -> list[UOp]:
@@ -127,7 +128,7 @@ def lower_gather(ctx, node, x: TensorValue, dim: int, index: TensorValue, sparse
     refuse_unreadable(x, [dim], index.numel, "gather")
     refuse_bad_constant(ctx, index, x.shape[dim], False, "gather")
     positions = identity_axes(x.ndim)
-    positions[dim] = data_index(index.body, x.shape[dim], wrap_negative=False, op="gather")
+    positions[dim] = data_index(index.body, x.shape[dim], wrap_negative=False, op="gather", kind="RuntimeError")
     return x.reindex(index.shape, positions)
 
 

@@ -54,11 +54,12 @@ COMBINES = {"sum": Ops.ADD, "prod": Ops.MUL, "amax": Ops.MAX, "amin": Ops.MIN, "
 def checked_position(value: UOp, size: int, wrap_negative: bool, error: str, message: str) -> UOp:
     """A position read from data, clamped into [0, size-1], that reports `error` when it was
     outside the dim (with `wrap_negative`, -size..-1 count from the end)."""
-    i = value.cast(dtypes.index)
+    given = i = value.cast(dtypes.index)
     if wrap_negative:
         i = i.lt(0).where(i + size, i)
     in_range = const_index(-1).alu(Ops.CMPLT, i).alu(Ops.AND, i.lt(size))
-    return UOp(Ops.CHECK, dtypes.index, (clamped(i, 0, max(size - 1, 0)), in_range), CheckArg(error, message))
+    checked = (clamped(i, 0, max(size - 1, 0)), in_range, given)
+    return UOp(Ops.CHECK, dtypes.index, checked, CheckArg(error, message))
 
 
 def fresh_copy(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dtype: DType, layout: Layout | None = None
@@ -130,11 +131,11 @@ def scatter_positions(x: TensorValue, dim: int, index: TensorValue, op: str) -> 
         raise Unsupported(f"{op} with {index.dtype} indices")
     layout = Layout.contiguous(x.shape)
     if x.ndim == 0:
-        message = f"{op}: index out of bounds for dimension 0 with size 1"
+        message = f"{op}: index {{value}} is out of bounds for dimension 0 with size 1"
         return index.shape, checked_position(index.body, 1, False, "RuntimeError", message), ()  # always 0
     dim = normalized_dim(dim, x.ndim)
     positions = identity_axes(x.ndim)
-    message = f"{op}: index out of bounds for dimension {dim} with size {x.shape[dim]}"
+    message = f"{op}: index {{value}} is out of bounds for dimension {dim} with size {x.shape[dim]}"
     positions[dim] = checked_position(index.body, x.shape[dim], False, "RuntimeError", message)
     return index.shape, linear_index(layout, positions), tuple(d for d in range(x.ndim) if d != dim)
 
@@ -187,12 +188,12 @@ def lower_index_reduce(ctx, node, x: TensorValue, dim: int, index: TensorValue, 
         raise Unsupported("index_reduce with a non-integer index")
     _, dtype = result(node)
     if x.ndim == 0:  # index holds one position, 0, and src is one element
-        linear = checked_position(index.body, 1, False, "IndexError", "index out of range in self")
+        linear = checked_position(index.body, 1, False, "IndexError", "index {value} out of range in self")
         return reduce_into(ctx, node, x, index.shape, linear, src.body.cast(dtype), reduce, include_self)
     dim = normalized_dim(dim, x.ndim)
     positions = identity_axes(x.ndim)
     chosen = index.reindex(src.shape, [axis(dim)]).body
-    positions[dim] = checked_position(chosen, x.shape[dim], False, "IndexError", "index out of range in self")
+    positions[dim] = checked_position(chosen, x.shape[dim], False, "IndexError", "index {value} out of range in self")
     linear = linear_index(Layout.contiguous(x.shape), positions)
     owners = tuple(d for d in range(x.ndim) if d != dim)
     return reduce_into(ctx, node, x, src.shape, linear, src.body.cast(dtype), reduce, include_self, owners)
@@ -221,7 +222,7 @@ def indexing_positions(x: TensorValue, indices: list) -> tuple[tuple[int, ...], 
     index_axes = [axis(first + k) for k in range(len(broadcast))]
     for d in indexed:
         chosen = broadcast_to(indices[d], broadcast).reindex(shape, index_axes).body
-        message = f"index_put: index out of bounds for dimension {d} with size {x.shape[d]}"
+        message = f"index_put: index {{value}} is out of bounds for dimension {d} with size {x.shape[d]}"
         positions[d] = checked_position(chosen, x.shape[d], True, "IndexError", message)
     return shape, positions, tuple(rest_axes)
 
@@ -278,7 +279,7 @@ def lower_put(ctx, node, x: TensorValue, index: TensorValue, source: TensorValue
         raise Unsupported("put with these index or source shapes")
     _, dtype = result(node)
     out = fresh_copy(ctx, node, x, dtype)
-    message = f"put: index out of range for a tensor of {x.numel} elements"
+    message = f"put: index {{value}} is out of range for a tensor of {x.numel} elements"
     flat = checked_position(index.body, x.numel, True, "IndexError", message)
     value = reshape(source, index.shape).body
     store_at(ctx, node, out, index.shape, flat, value, Ops.ADD if accumulate else None)
@@ -300,7 +301,7 @@ def lower_masked_scatter(ctx, node, x: TensorValue, mask: TensorValue, source: T
     before = counts.body.cast(dtypes.index) - 1
     in_range = chosen.body.alu(Ops.NOT).alu(Ops.OR, before.lt(source.numel))
     error = CheckArg("RuntimeError", "masked_scatter: Number of elements of source < number of ones in mask")
-    position = UOp(Ops.CHECK, dtypes.index, (clamped(before, 0, source.numel - 1), in_range), error)
+    position = UOp(Ops.CHECK, dtypes.index, (clamped(before, 0, source.numel - 1), in_range, before), error)
     flat = reshape(source, (source.numel,)).reindex(shape, [position]).body.cast(dtype)
     return TensorValue(shape, dtype, chosen.body.where(flat, broadcast_to(x, shape).body.cast(dtype)))
 

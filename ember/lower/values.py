@@ -66,7 +66,7 @@ def keep_unread_checks(old_body: UOp, body: UOp, mapping: dict[UOp, UOp]) -> UOp
     read = old_body.toposort
     for old_axis, expr in mapping.items():
         if expr.op is Ops.CHECK and old_axis not in read:
-            body = UOp(Ops.CHECK, body.dtype, (body, expr.src[1]), expr.arg)
+            body = UOp(Ops.CHECK, body.dtype, (body, *expr.src[1:]), expr.arg)
     return body
 
 

@@ -6,14 +6,15 @@ over the output. They take plain (not prepacked) weights, so these rewrites are 
 the weights are graph inputs that change between calls. Measured (benchmarks, README):
 
   - linear: `addmm(b, x, w.t())` / `mm(x, w.t())` -> `_linear_pointwise(x, w, b)` (and
-    `addmm(b, x, y)` with `y.t()`, a view, as the weight), with a
+    `addmm(b, x, y)` with `y.t()` as the weight where that is row-major), with a
     following sigmoid/tanh/silu/tanh-gelu folded in. oneDNN's matmul on these machines
     runs about twice as fast as the BLAS behind aten's addmm.
   - convolution: a chain of per-channel affine ops after a 2-d convolution (eval-mode
     BatchNorm as AOTAutograd decomposes it: sub mean, mul invstd, mul weight, add bias) is
-    folded into the weights and bias at run time (w * scale, shift: tiny kernels over the
+    folded into the weights and bias at run time (w * scale, shift: kernels over the
     weights, not the activations), and a following sigmoid/tanh/silu becomes the
-    convolution's post-op. The BatchNorm pass over the activations disappears.
+    convolution's post-op. Folding costs a pass over the weight per call, so it is done only
+    where that pays (Note: when folding BatchNorm into the weight pays).
 
 relu is a post-op only under config.mkldnn_relu (EMBER_MKLDNN_RELU=1): oneDNN's relu maps NaN
 to 0 where aten keeps NaN. Without it, relu stays an ember kernel, fused with whatever reads
@@ -126,7 +127,14 @@ def linear(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, w: torc
 
 def linear_of_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, y: torch.fx.Node,
                      b: Any = None) -> torch.fx.Node | None:  # fmt: skip
-    """x @ y + b with y an (in, out) matrix (GPT-2's Conv1D): oneDNN reads y.t() as a view."""
+    """x @ y + b with y an (in, out) matrix stored column-major (a transposed view of an (out,
+    in) weight that the graph's views hid): oneDNN reads y.t() as a row-major weight. A row-major
+    y (GPT-2's Conv1D weight) stays with aten: oneDNN given the transposed view takes 1.5 to 2
+    times as long as aten's addmm (one thread: 128 x 768 x 3072, 7.6 against 5.1 ms; 1024 rows,
+    62 against 29)."""
+    value = y.meta.get("val")
+    if not isinstance(value, torch.Tensor) or value.dim() != 2 or not value.t().is_contiguous():
+        return None
     if not _linear_pays(node, x, y, b, out_dim=1):
         return None
     weight = meta.call(graph, aten.permute.default, (y, [1, 0]))
@@ -190,8 +198,8 @@ linear_result = FxPat(torch.ops.mkldnn._linear_pointwise.default, name="lin", on
 pm_mkldnn_linear = FxPatternMatcher([
     (FxPat(aten.addmm.default, b, x, weight_t), linear),   # addmm(b, x, w.t()) -> linear(x, w, b)
     (FxPat(aten.mm.default, x, weight_t), linear),         # mm(x, w.t()) -> linear(x, w)
-    (FxPat(aten.addmm.default, b, x, y), linear_of_matrix),  # addmm(b, x, y) -> linear(x, y.t(), b)
-    (FxPat(aten.mm.default, x, y), linear_of_matrix),        # mm(x, y) -> linear(x, y.t())
+    (FxPat(aten.addmm.default, b, x, y), linear_of_matrix),  # addmm(b, x, y), y column-major -> linear(x, y.t(), b)
+    (FxPat(aten.mm.default, x, y), linear_of_matrix),        # mm(x, y), y column-major -> linear(x, y.t())
     (FxPat((*POST_OPS, aten.gelu.default), linear_result),
      linear_post_op),                                      # act(linear(x, w, b)) -> linear(x, w, b, act)
 ])  # fmt: skip
@@ -213,6 +221,8 @@ def fold_convolution_epilogues(graph: torch.fx.Graph, relu: bool) -> int:
         chain, activation_node = _epilogue(conv, relu)
         if not chain and activation_node is None:
             continue
+        if chain and not _folding_pays(conv):
+            continue  # the activation reads the chain: without it, no post-op either
         last = activation_node or chain[-1][1]
         with graph.inserting_before(last):
             fused = _fused_convolution(graph, conv, chain, activation_node)
@@ -221,6 +231,28 @@ def fold_convolution_epilogues(graph: torch.fx.Graph, relu: bool) -> int:
             graph.erase_node(node)  # each was the only user of the next one
         folded += 1
     return folded
+
+
+# Note: when folding BatchNorm into the weight pays
+# Folding the per-channel affine chain into the weight costs a pass over the weight (read, then
+# write the folded copy) at every call, as weights are graph inputs that may change. What it
+# saves is at most a pass over the convolution's output: the affine ops otherwise inline into the
+# ember kernel that reads the output (the ReLU, the residual add, the next NHWC copy), which
+# mostly runs anyway. So the chain is folded when the weight is copied anyway (into OHWI, Note:
+# channels-last weights, layout.py: the scale rides along) or is no larger than the output. At
+# batch 1, ResNet-50's last 1 x 1 convolutions have weights 10-20 times their output: folding
+# them cost more than their BatchNorm (about 16 of 136 ms a step, one thread).
+
+
+def _folding_pays(conv: torch.fx.Node) -> bool:
+    weight = conv.args[1]
+    return _channels_last_copy(weight) or weight.meta["val"].numel() <= conv.meta["val"].numel()  # type: ignore[union-attr]
+
+
+def _channels_last_copy(node: Any) -> bool:
+    """`node` is layout.py's `clone(w, memory_format=channels_last)`."""
+    return (isinstance(node, torch.fx.Node) and node.target is aten.clone.default
+            and node.kwargs.get("memory_format") == torch.channels_last)  # fmt: skip
 
 
 def _plain_conv2d(node: torch.fx.Node) -> bool:
@@ -280,7 +312,11 @@ def _fused_convolution(graph: torch.fx.Graph, conv: torch.fx.Node, chain: list, 
             shift = operand if shift is None else meta.call(graph, aten.add.Tensor, (shift, operand))
     if scale is not None:
         scale_4d = meta.call(graph, aten.view.default, (scale, [channels, 1, 1, 1]))
-        weight = meta.call(graph, aten.mul.Tensor, (weight, scale_4d))
+        if _channels_last_copy(weight):  # one kernel scales the weight into OHWI (the old copy dies)
+            scaled = meta.call(graph, aten.mul.Tensor, (weight.args[0], scale_4d))
+            weight = meta.call(graph, aten.clone.default, (scaled,), {"memory_format": torch.channels_last})
+        else:
+            weight = meta.call(graph, aten.mul.Tensor, (weight, scale_4d))
     attr, algorithm = post_op(activation_node, relu=True) if activation_node is not None else ("none", "")
     args: tuple = (x, weight, shift, padding, stride, dilation, groups, attr, [], algorithm)
     last = activation_node if activation_node is not None else chain[-1][1]

@@ -6,12 +6,15 @@ from the small prelude below; safe integer division, shifts past the width and c
 rewritten into plain ops before rendering (Note: semantics written once, codegen/primitives.py).
 
 Note: kernel errors
-    A kernel with CHECKs takes one more parameter, `int32_t* ember_error`; a failed check
-    stores its code (1 + its position in `RenderedKernel.errors`) there and the kernel goes
-    on with a safe value. The wrapper raises the matching Python exception after the call.
-    Racing OpenMP threads store nonzero codes to one int: whichever lands, an error is
-    reported. The int is the wrapper call's own (`KernelErrorFlag`, made per call): Python
-    threads running one graph at once each read only what their own kernels reported.
+    A kernel with CHECKs takes one more parameter, `int64_t* ember_error`; a failed check
+    stores its code k (1 + its position in `RenderedKernel.errors`) in ember_error[0] and
+    the value it reports (the offending index) in ember_error[k], and the kernel goes on
+    with a safe value. The wrapper raises the matching Python exception after the call, its
+    message naming that value. Racing OpenMP threads store to the same slots: whichever code
+    lands, an error is reported, and its slot holds a value its own check reported (one slot
+    per check, so a message never names another check's value). The ints are the wrapper
+    call's own (`KernelErrorFlag`, made per call): Python threads running one graph at once
+    each read only what their own kernels reported.
 """
 
 from __future__ import annotations
@@ -270,7 +273,7 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
     signature += "".join(f", const int64_t {v}" for v in variables)
     errors = kernel_errors(program)
     if errors:  # Note: kernel errors
-        signature += ", int32_t* ember_error"
+        signature += ", int64_t* ember_error"
     body = _render_body(program, parallel_threshold, errors, choices)
     declarations = reduction_declarations(program)
     if any(u.op is Ops.PHILOX for u in program):
@@ -425,7 +428,9 @@ def _render_body(program: list[UOp], parallel_threshold: int, errors: list[Check
             names[u] = names[u.src[0]]
         elif u.op is Ops.CHECK:
             names[u] = ref(u.src[0])
-            lines.append(f"{pad}if (!{ref(u.src[1])}) ember_error[0] = {errors.index(u.arg) + 1};")
+            code = errors.index(u.arg) + 1
+            reported = f"ember_error[{code}] = (int64_t)({ref(u.src[2])}); ember_error[0] = {code};"
+            lines.append(f"{pad}if (!{ref(u.src[1])}) {{ {reported} }}")
         else:
             names[u] = f"v{counter}"
             counter += 1

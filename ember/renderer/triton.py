@@ -8,10 +8,11 @@ renderer/triton_module.py assembles the module.
 
 Note: kernel errors on the GPU
     As on the CPU (Note: kernel errors, renderer/cpp.py) a failed CHECK computes on with
-    its safe value and stores its code (1 + position in `errors`) in `ember_error[0]`, a
-    device int32 of the call's own (`GpuErrorFlags`, made per call, so threads running one
-    graph never see each other's errors) the wrapper reads after the graph ran. Only active
-    lanes report (the CHECK's mask): masked tail lanes compute on padding and must not.
+    its safe value, stores its code k (1 + position in `errors`) in `ember_error[0]` and the
+    value it reports in `ember_error[k]`: the kernel's row of device int64s of the call's own
+    (`GpuErrorFlags`, made per call, so threads running one graph never see each other's
+    errors) the wrapper reads after the graph ran. Only active lanes report (the CHECK's
+    mask): masked tail lanes compute on padding and must not.
 """
 
 from __future__ import annotations
@@ -297,10 +298,11 @@ class _Body:
 
     def check(self, u: UOp) -> None:
         """Note: kernel errors on the GPU: active lanes whose check failed report its code."""
-        value, ok, mask = (self.ref(s) for s in u.src)
+        value, ok, reported, mask = (self.ref(s) for s in u.src)
         failed = f"t{next(self.counter)}"
         self.line(f"{failed} = ({ok} == 0) & {mask}")
         code = self.errors.index(u.arg) + 1
+        self.line(f"tl.store(tl.broadcast_to(ember_error + {code}, {failed}.shape), {reported}, mask={failed})")
         self.line(f"tl.store(tl.broadcast_to(ember_error + 0, {failed}.shape), {code}, mask={failed})")
         self.names[u] = value
 

@@ -36,4 +36,13 @@ def render_triton(name: str, programs: dict[str, list[UOp]], plan: BlockPlan, wr
         functions.append(head + "\n".join(lines) + "\n")
     scans = any(u.op is Ops.BLOCK_SCAN for u in every)
     source = PRELUDE + (SCAN_PRELUDE if scans else "") + "\n\n" + "\n\n".join(functions)
-    return RenderedKernel(name, source, params, errors, launch=plan.launch)
+    launch = {**plan.launch, "arguments": argument_kinds(params, scalars, errors)}
+    return RenderedKernel(name, source, params, errors, launch=launch)
+
+
+def argument_kinds(params: list, scalars: frozenset[str], errors: list) -> list[str]:
+    """What each argument of a call is, for the compile ahead of it (Note: ember owns the Triton
+    compile, runtime/triton_compile.py): `*<dtype>` a pointer to a buffer, `int64` a seed or
+    offset taken by value, and last the error flags, a pointer to int64 (Note: kernel errors on the GPU)."""
+    kinds = ["int64" if p in scalars else f"*{dtype.name}" for p, dtype, _ in params]
+    return kinds + (["*int64"] if errors else [])

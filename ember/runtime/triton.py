@@ -1,11 +1,14 @@
-"""Stage `runtime` (GPU): Triton kernels written into the cache, imported, tuned and launched.
+"""Stage `runtime` (GPU): Triton kernels written into the cache, imported, compiled, tuned and
+launched.
 
 Triton compiles a `@triton.jit` function from its source file, so each rendered module is
 written into the cache (Note: cache safety) and run from its verified bytes, with the file
-as its `__file__`, as the wrapper is. A `TritonLauncher` is what the wrapper calls: on the first call it picks a
-launch configuration (variant, block sizes, warps), from the tuning record stored beside
-the module or by timing a few candidates, and then launches on the current stream with a
-grid computed from the x extent.
+as its `__file__`, as the wrapper is. A `TritonLauncher` is what the wrapper calls: when the
+wrapper loads, its configurations go to the compile pool (runtime/triton_pool.py); on the first
+call it picks a launch configuration (variant, block sizes, warps), from the tuning record
+stored beside the module or by timing a few candidates (Note: bounded tuning), and then launches
+the kernel ember compiled (runtime/triton_compile.py) on the current stream with a grid computed
+from the x extent.
 
 Under the interpreter (`TRITON_INTERPRET=1`, CPU tensors; how CI runs the Triton path)
 the module imports a numpy libdevice (runtime/triton_libdevice.py) and the configuration
@@ -14,15 +17,19 @@ is fixed: small blocks, so both reduction variants run in tests.
 
 from __future__ import annotations
 
+import functools
 import linecache
 import sys
 import threading
 import types
+from collections.abc import Callable
+from concurrent.futures import wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ember.metrics import metrics
 from ember.runtime.cache import (
     CacheDirectoryError,
     content_hash,
@@ -37,6 +44,15 @@ from ember.runtime.cache import (
     write_entry,
     write_if_different,
 )
+from ember.runtime.triton_compile import (
+    CompileRequest,
+    argument_alignment,
+    argument_types,
+    compile_kernel,
+    signature_of,
+    triton_settings,
+)
+from ember.runtime.triton_pool import CompilePool
 
 LIBDEVICE_IMPORT = "from triton.language.extra import libdevice"
 INTERPRETED_IMPORT = "from ember.runtime.triton_libdevice import interpreted_libdevice as libdevice"
@@ -105,6 +121,23 @@ class LaunchConfig:
     num_warps: int
 
 
+# Note: bounded tuning. The first call of a kernel with several candidate configurations times
+# them (`benchmark`) and records the winner beside the module, keyed by the module's source, the
+# kernel and the device's name: one tuning per kernel source and device, whichever graph or
+# process meets it next. What bounds the cost:
+# - the candidates themselves (`candidates`: at most four or five per kernel, the lists that won
+#   when measured, best guess first) are compiled ahead, in parallel (Note: the compile pool);
+# - a kernel of at most TINY_KERNEL_ELEMENTS elements (x times r) is launch-bound: every
+#   configuration runs in about the launch's time, so it takes the first without timing;
+# - each candidate is timed with Triton's do_bench (L2 flushed before each launch, median of
+#   the launches) for TUNING_REP_MS, after TUNING_WARMUP_MS, through the compiled kernel's
+#   direct launch: about 5 ms a candidate, not the 25 ms and binder launches of before.
+TINY_KERNEL_ELEMENTS = 1 << 16
+POOL_WAIT_S = 300  # past this, a configuration the pool has not finished is compiled by the caller too
+TUNING_WARMUP_MS = 1
+TUNING_REP_MS = 5
+
+
 def next_power_of_2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -158,25 +191,57 @@ def raw_stream(device: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device)
 
 
+@functools.cache
+def device_facts(device: int) -> tuple[tuple[str, int, int], str]:
+    """CUDA device `device`'s compile target (GPUTarget's fields, as Triton's driver gives them
+    for the current device) and its name (which keys tuning records)."""
+    import torch
+    from triton.runtime.driver import driver
+
+    with torch.cuda.device(device):
+        target = driver.active.get_current_target()
+    return (target.backend, target.arch, target.warp_size), torch.cuda.get_device_name(device)
+
+
+def loaded(kernel: Any) -> Any:
+    """`kernel` with its binary loaded on the current device (Triton loads it at the first `run`;
+    `kernel.function` exists only after that)."""
+    kernel.run  # noqa: B018
+    return kernel
+
+
 # ---- the launcher ----------------------------------------------------------------------------
 
 
 class TritonLauncher:
     """One kernel as the wrapper calls it: `launcher(*tensors)`.
 
+    On the GPU every launch goes through a kernel ember compiled (Note: ember owns the Triton
+    compile, runtime/triton_compile.py): `precompile`, when the wrapper loads, hands every
+    configuration the first call may launch to the compile pool (Note: the compile pool,
+    runtime/triton_pool.py); the first call picks one (Note: bounded tuning) and each first
+    launch for an alignment of the pointers compiles it, which finds the pool's work in Triton's
+    cache. Under the interpreter, kernels launch through `fn[grid]` with a fixed configuration.
+
     Threads may call one launcher at once: the first call's choice of configuration and each
     first launch for an alignment run under `lock`, and what the fast path reads (config, grid,
-    block sizes, compiled kernels) is published only once complete; `launch` itself changes
+    block sizes, compiled kernels) is published only once complete; a trial launch changes
     nothing shared, so a benchmark's trial launches never alter what other calls run."""
 
     def __init__(self, module: ModuleType, name: str, variants: list[str], xnumel: int, rnumel: int,
-                 written: list[int], interpret: bool, autotune: bool = True, xextent: int = 0) -> None:  # fmt: skip
+                 written: list[int], interpret: bool, autotune: bool = True, xextent: int = 0,
+                 arguments: list[str] | None = None, root: str = "", relative: str = "") -> None:  # fmt: skip
         self.module, self.name, self.variants, self.autotune = module, name, variants, autotune
         self.xextent = max(xnumel, xextent)  # what XBLOCK may cover (more than the grid's x: nested reductions)
         self.xnumel, self.rnumel, self.written, self.interpret = xnumel, rnumel, written, interpret
+        # the argument types the renderer declared (renderer/triton_module.py `argument_kinds`)
+        self.signature = signature_of(arguments) if arguments is not None else None
+        self.root, self.relative = root, relative  # the module in the cache, for compile requests
         self.config: LaunchConfig | None = None
         self.compiled: dict[tuple, Any] = {}  # pointer alignments -> compiled kernel
-        self.grid, self.constexprs, self.stream_device = 0, (), 0
+        self.grid, self.stream_device = 0, 0
+        self.constexprs: tuple[int, ...] = ()
+        self.pool: CompilePool | None = None
         self.lock = threading.Lock()
 
     def __call__(self, *args: Any) -> None:
@@ -193,11 +258,12 @@ class TritonLauncher:
         kernel = self.compiled.get(aligned)
         if kernel is None:
             with self.lock:
-                if aligned not in self.compiled:
+                kernel = self.compiled.get(aligned)
+                if kernel is None:
                     self.stream_device = torch_cuda_current_device()
-                    self.compiled[aligned] = self.launch(self.config, args)
-                    return
-                kernel = self.compiled[aligned]
+                    target, _ = device_facts(self.stream_device)
+                    kernel = self.compiled_kernel(self.config, argument_types(args), aligned, target)
+                    self.compiled[aligned] = kernel
         stream = raw_stream(self.stream_device)
         kernel.run(self.grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
                    *args, *self.constexprs)  # fmt: skip
@@ -216,50 +282,123 @@ class TritonLauncher:
         return grid, {"XBLOCK": config.xblock} | ({"RBLOCK": config.rblock} if config.rblock else {})
 
     def launch(self, config: LaunchConfig, args: tuple) -> Any:
+        """Under the interpreter: one launch through Triton's `fn[grid]`."""
         fn = getattr(self.module, f"{self.name}_{config.variant}")
         grid, blocks = self.grid_and_blocks(config)
-        if self.interpret:
-            return fn[(grid,)](*args, **blocks)
-        # no FMA contraction: eager rounds a product and a sum separately
-        return fn[(grid,)](*args, **blocks, num_warps=config.num_warps, enable_fp_fusion=False)
+        return fn[(grid,)](*args, **blocks)
+
+    # ---- compiling (Note: ember owns the Triton compile) -------------------------------------
+
+    def request(self, config: LaunchConfig, signature: tuple[str, ...], aligned: tuple[bool, ...],
+                target: tuple[str, int, int]) -> CompileRequest:  # fmt: skip
+        options, cache_dir, environment = triton_settings()
+        _, blocks = self.grid_and_blocks(config)
+        return CompileRequest(self.root, self.relative, self.module._sha256, f"{self.name}_{config.variant}",
+                              signature, aligned, tuple(blocks.items()), config.num_warps, target, options,
+                              cache_dir, environment)  # fmt: skip
+
+    def precompile(self, device: int, pool: CompilePool) -> None:
+        """Hands every configuration the first call may launch on `device` to `pool`, for pointers
+        16-byte aligned (Note: the compile pool). Needs the renderer's signature."""
+        if self.interpret or self.signature is None:
+            return
+        target, device_name = device_facts(device)
+        self.pool = pool
+        every_aligned = (True,) * len(self.signature)
+        plan = self.tuning_plan(device_name)
+        for config in plan:
+            pool.submit(self.request(config, self.signature, every_aligned, target))
+        metrics.add(triton_configs_precompiled=len(plan))
+
+    def compiled_kernel(self, config: LaunchConfig, signature: tuple[str, ...], aligned: tuple[bool, ...],
+                        target: tuple[str, int, int]) -> Any:  # fmt: skip
+        """`config` compiled for a call with these argument types and alignments, loaded on the
+        current device: after the pool's work on it, if it was precompiled (a cache hit then)."""
+        request = self.request(config, signature, aligned, target)
+        pending = self.pool.pending(request) if self.pool is not None else None
+        if pending is None:
+            metrics.add(triton_compiles_in_process=1)
+        else:
+            wait([pending], timeout=POOL_WAIT_S)  # a failure (or a stuck worker): compiled (and raised) here
+        try:
+            return loaded(compile_kernel(getattr(self.module, request.function), request))
+        except Exception as e:
+            raise RuntimeError(f"runtime: Triton kernel {request.kernel} failed: {type(e).__name__}: {e}") from e
+
+    def trial(self, config: LaunchConfig, args: tuple, target: tuple[str, int, int]) -> Callable[[], None]:
+        """A launch of `config` on `args` (compiled now), as a benchmark repeats it; changes
+        nothing the fast path reads."""
+        kernel = self.compiled_kernel(config, argument_types(args), argument_alignment(args), target)
+        grid, blocks = self.grid_and_blocks(config)
+        stream, constexprs = raw_stream(torch_cuda_current_device()), tuple(blocks.values())
+
+        def launch() -> None:
+            kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
+                       *args, *constexprs)  # fmt: skip
+
+        return launch
+
+    # ---- choosing a configuration (Note: bounded tuning) -----------------------------------
 
     def tuning_record(self, device_name: str) -> tuple[Path, str]:
         """Where the winner for this module on `device_name` is recorded, and its key."""
         key = content_hash(self.module._sha256, self.name, device_name)
-        return Path(self.module.__file__).with_suffix(f".{key[:12]}.tune.json"), key
+        return Path(str(self.module.__file__)).with_suffix(f".{key[:12]}.tune.json"), key
 
-    def choose(self, args: tuple) -> LaunchConfig:
-        options = candidates(self.variants, self.xextent, self.rnumel, self.interpret)
-        if self.interpret or not self.autotune or len(options) == 1:
-            return options[0]
-        import torch
-
-        device = next(a.device for a in args if isinstance(a, torch.Tensor))
-        record, key = self.tuning_record(torch.cuda.get_device_name(device))
+    def recorded_winner(self, device_name: str) -> LaunchConfig | None:
+        record, key = self.tuning_record(device_name)
         try:
             found = read_entry(record, key)
-            if found is not None and LaunchConfig(**found) in options:
-                return LaunchConfig(**found)
+            return LaunchConfig(**found) if found is not None else None
         except CacheDirectoryError:
             raise
         except Exception as e:  # a record damaged, or of other fields: measure again
             discard(e, record)
-        best = self.benchmark(options, args)
+            return None
+
+    def tuning_plan(self, device_name: str) -> list[LaunchConfig]:
+        """The configurations the first call launches: one where there is nothing to choose or
+        the choice cannot matter (the interpreter, autotune off, one candidate, a tiny kernel, a
+        recorded winner), else the candidates it times."""
+        options = candidates(self.variants, self.xextent, self.rnumel, self.interpret)
+        if self.interpret or not self.autotune or len(options) == 1 or self.tiny:
+            return options[:1]
+        winner = self.recorded_winner(device_name)
+        return [winner] if winner in options else options
+
+    @property
+    def tiny(self) -> bool:
+        return self.xextent * max(1, self.rnumel) <= TINY_KERNEL_ELEMENTS
+
+    def choose(self, args: tuple) -> LaunchConfig:
+        if self.interpret or not self.autotune:
+            return candidates(self.variants, self.xextent, self.rnumel, self.interpret)[0]
+        import torch
+
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        target, device_name = device_facts(device.index if device.index is not None else torch_cuda_current_device())
+        options = self.tuning_plan(device_name)
+        if len(options) == 1:
+            return options[0]
+        best = self.benchmark(options, args, target)
+        record, key = self.tuning_record(device_name)
         write_entry(record, key, asdict(best))
         return best
 
-    def benchmark(self, options: list[LaunchConfig], args: tuple) -> LaunchConfig:
-        """Times each candidate on copies of the outputs (a kernel may read what it writes)."""
+    def benchmark(self, options: list[LaunchConfig], args: tuple, target: tuple[str, int, int]) -> LaunchConfig:
+        """Times each candidate on copies of the outputs (a kernel may read what it writes), with
+        few repetitions (Note: bounded tuning)."""
         from triton.testing import do_bench
 
         trial = tuple(a.clone() if i in self.written else a for i, a in enumerate(args))
-        timings = {}
+        timings, failures = {}, []
         for config in options:
             try:
-                timings[config] = do_bench(lambda c=config: self.launch(c, trial), warmup=5, rep=20,
-                                           return_mode="median")  # fmt: skip
-            except Exception:  # a configuration that does not compile (resources): skip it
-                continue
+                timings[config] = do_bench(self.trial(config, trial, target), warmup=TUNING_WARMUP_MS,
+                                           rep=TUNING_REP_MS, return_mode="median")  # fmt: skip
+            except Exception as e:  # a configuration that does not compile or load (resources): skip it
+                failures.append(e)
+        metrics.add(triton_kernels_tuned=1, triton_configs_timed=len(timings))
         if not timings:
-            raise RuntimeError(f"runtime: no launch configuration of Triton kernel {self.name} runs")
+            raise RuntimeError(f"runtime: no launch configuration of Triton kernel {self.name} runs: {failures[0]}")
         return min(timings, key=timings.__getitem__)

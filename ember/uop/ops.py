@@ -45,7 +45,8 @@ class Ops(enum.Enum):
     # a lane accumulator (AccArg.lanes > 1, codegen/lanes.py) is an array: its ACC_UPDATE's last
     # RANGE is the lane it updates, and its ACC_READ has a third src, the lane index it reads
     ENDRANGE = enum.auto()  # linearizer only: closes src[0]
-    CHECK = enum.auto()  # src: (value, ok); the value, and a run-time error where `ok` is false; arg: CheckArg
+    # src: (value, ok, reported): the value, and a run-time error naming `reported` where `ok` is false
+    CHECK = enum.auto()  # arg: CheckArg
     # unary
     NEG = enum.auto()
     NOT = enum.auto()  # logical not (bool) / bitwise not (int)
@@ -277,7 +278,9 @@ class ScatterArg:
 
 @dataclass(frozen=True)
 class CheckArg:
-    """A run-time error a kernel reports: the Python exception type's name and its message."""
+    """A run-time error a kernel reports: the Python exception type's name and its message. The
+    CHECK's `reported` value (the offending index, as eager's messages name it) replaces
+    `{value}` in the message when the error is raised."""
 
     error: str  # "IndexError" | "ZeroDivisionError" | "RuntimeError"
     message: str

@@ -238,8 +238,10 @@ def _acc_read(u: UOp) -> str | None:
 
 
 def _check(u: UOp) -> str | None:
-    if len(u.src) != 2 or not u.src[1].dtype.is_bool or not isinstance(u.arg, CheckArg):
-        return "takes (value, ok: bool), arg CheckArg"
+    if len(u.src) != 3 or not u.src[1].dtype.is_bool or not isinstance(u.arg, CheckArg):
+        return "takes (value, ok: bool, reported), arg CheckArg"
+    if not u.src[2].dtype.is_int:
+        return "reports a value that is not an integer"
     return None if u.dtype is u.src[0].dtype else "dtype differs from its value's"
 
 
@@ -306,9 +308,9 @@ def _masked_store(u: UOp) -> str | None:
 
 
 def _masked_check(u: UOp) -> str | None:
-    if len(u.src) != 3 or not u.src[1].dtype.is_bool or not isinstance(u.arg, CheckArg):
-        return "takes (value, ok: bool, mask) after block lowering, arg CheckArg"
-    if (broken := _mask(u, 2)) is not None:
+    if len(u.src) != 4 or not u.src[1].dtype.is_bool or not isinstance(u.arg, CheckArg):
+        return "takes (value, ok: bool, reported, mask) after block lowering, arg CheckArg"
+    if (broken := _mask(u, 3)) is not None:
         return broken
     return None if u.dtype is u.src[0].dtype else "dtype differs from its value's"
 

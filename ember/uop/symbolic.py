@@ -131,7 +131,7 @@ def distribute_const(x: UOp, c1: UOp, c2: UOp) -> UOp | None:
 def keep_check(check: UOp) -> UOp:
     """A checked position times a stride of 0 (a read of an expanded dim) still reports an index
     out of range, as eager does: only the position goes."""
-    return UOp(Ops.CHECK, check.dtype, (check.const_like(0), check.src[1]), check.arg)
+    return UOp(Ops.CHECK, check.dtype, (check.const_like(0), *check.src[1:]), check.arg)
 
 
 pm_identities = PatternMatcher(

@@ -213,7 +213,7 @@ def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: 
     for k in {k.var: k for k in kernels.values()}.values():
         if k.triton is not None:
             head.append(f"{k.var} = load_triton_kernel(_cache_root, {k.path!r}, {k.sha256!r}, {k.symbol!r}, "
-                        f"**{k.triton!r})")  # fmt: skip
+                        f"_device, **{k.triton!r})")  # fmt: skip
             continue
         arity = len(k.params) + len(k.variables) + bool(k.errors)
         if k.search is not None:  # a search at the first call (runtime/search.py) binds the winner
@@ -263,10 +263,11 @@ def _error_flag_lines(kernels: dict[int, KernelBinary], gpu_error_slots: int) ->
     """The flags this call's kernels report errors in (Note: kernel errors, renderer/cpp.py), made
     per call: threads running one graph at once must not see each other's errors."""
     lines = []
-    if any(k.errors and k.triton is None for k in kernels.values()):
-        lines.append("    _error = KernelErrorFlag()")
+    if cpp_codes := max((len(k.errors) for k in kernels.values() if k.triton is None), default=0):
+        lines.append(f"    _error = KernelErrorFlag({cpp_codes})")
     if gpu_error_slots:
-        lines.append(f"    _gpu_errors = GpuErrorFlags({gpu_error_slots}, _device)")
+        gpu_codes = max(len(k.errors) for k in kernels.values() if k.triton is not None)
+        lines.append(f"    _gpu_errors = GpuErrorFlags({gpu_error_slots}, _device, {gpu_codes})")
     return lines
 
 

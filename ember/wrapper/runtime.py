@@ -10,10 +10,12 @@ import threading
 import torch
 from torch.utils._pytree import tree_leaves
 
+from ember.config import load as load_config
 from ember.runtime.cpu import load_cached_kernel as load_kernel
 from ember.runtime.memory import empty_large
 from ember.runtime.search import search_cpu_kernel
 from ember.runtime.triton import TritonLauncher, import_module
+from ember.runtime.triton_pool import compile_pool
 
 # Note: profiler ranges. Under torch.profiler, each kernel and extern call of a wrapper runs in
 # its own named range (`ember kernel_3: gelu, mul, sum`). A wrapper carries the source of that
@@ -95,10 +97,17 @@ def constant_on(constants: dict, name: str, device: torch.device) -> torch.Tenso
     return value
 
 
-def load_triton_kernel(root: str, relative: str, sha256: str, name: str, **launch) -> TritonLauncher:
+def load_triton_kernel(root: str, relative: str, sha256: str, name: str, device: torch.device | None = None,
+                       **launch) -> TritonLauncher:  # fmt: skip
     """A Triton kernel as a wrapper names it: its module's path relative to the cache root
-    and the module's checksum (Note: cache safety)."""
-    return TritonLauncher(import_module(root, relative, sha256, launch["interpret"]), name, **launch)
+    and the module's checksum (Note: cache safety). On a CUDA `device` its configurations are
+    compiled from now on, in the compile pool (Note: the compile pool, runtime/triton_pool.py)."""
+    module = import_module(root, relative, sha256, launch["interpret"])
+    launcher = TritonLauncher(module, name, **launch, root=root, relative=relative)
+    if device is not None and device.type == "cuda" and not launch["interpret"]:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        launcher.precompile(index, compile_pool(load_config().compile_threads))  # (the size: if made now)
+    return launcher
 
 
 def assert_layout(t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype, name: str) -> None:
@@ -129,38 +138,48 @@ def ensure_layout(t: torch.Tensor, size: tuple, stride: tuple) -> torch.Tensor:
     return out
 
 
-class KernelErrorFlag:
-    """The int a call's C++ kernels set when a check fails (Note: kernel errors, cpp.py). Each
-    call of a wrapper makes its own, so threads running one graph never see each other's."""
+def raise_kernel_error(errors: list[tuple[str, str]], code: int, value: int) -> None:
+    """The Python exception for error `code` of a kernel, its message naming the reported value."""
+    kind, message = errors[code - 1]
+    message = message.replace("{value}", str(value))
+    raise getattr(builtins, kind, RuntimeError)(f"{message} (reported by an ember kernel)")
 
-    def __init__(self) -> None:
-        self.flag = ctypes.c_int32(0)
+
+class KernelErrorFlag:
+    """The ints a call's C++ kernels set when a check fails: the error's code, then one reported
+    value per code (Note: kernel errors, cpp.py). Each call of a wrapper makes its own, so threads
+    running one graph never see each other's."""
+
+    def __init__(self, codes: int = 1) -> None:
+        self.flag = (ctypes.c_int64 * (1 + codes))()
         self.address = ctypes.addressof(self.flag)
 
     def check(self, errors: list[tuple[str, str]]) -> None:
-        code = self.flag.value
+        code = self.flag[0]
         if code:
-            kind, message = errors[code - 1]
-            raise getattr(builtins, kind, RuntimeError)(f"{message} (reported by an ember kernel)")
+            raise_kernel_error(errors, code, self.flag[code])
 
 
 class GpuErrorFlags:
-    """One device int32 per Triton kernel of a call that can fail (Note: kernel errors on the GPU,
-    renderer/triton.py), made per call (threads running one graph each have theirs) and read once
-    at the end of it."""
+    """A row of device int64s per Triton kernel of a call that can fail, its error code and then
+    one reported value per code (Note: kernel errors on the GPU, renderer/triton.py), made per
+    call (threads running one graph each have theirs) and read once at the end of it."""
 
-    def __init__(self, slots: int, device: torch.device) -> None:
-        self.flags = torch.zeros(slots, dtype=torch.int32, device=device)
+    def __init__(self, slots: int, device: torch.device, codes: int = 1) -> None:
+        # rows of an even number of int64s, 16 bytes apart: every kernel's flag pointer is aligned,
+        # so the kernels compiled ahead for aligned pointers are the ones launched (Note: ember
+        # owns the Triton compile)
+        width = 2 * ((2 + codes) // 2)
+        self.flags = torch.zeros(slots, width, dtype=torch.int64, device=device)
 
     def slot(self, i: int) -> torch.Tensor:
-        return self.flags[i : i + 1]
+        return self.flags[i]
 
     def check(self, errors: list[list[tuple[str, str]]]) -> None:
         recorder = getattr(capture_state, "recorder", None)
         if recorder is not None:  # being recorded as a CUDA graph: the runner checks after each replay
             recorder.append((self, errors))
             return
-        for slot, code in enumerate(self.flags.tolist()):
-            if code:
-                kind, message = errors[slot][code - 1]
-                raise getattr(builtins, kind, RuntimeError)(f"{message} (reported by an ember kernel)")
+        for slot, row in enumerate(self.flags.tolist()):
+            if row[0]:
+                raise_kernel_error(errors[slot], row[0], row[row[0]])

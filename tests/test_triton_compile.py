@@ -1,0 +1,250 @@
+"""Triton kernels compiled ahead of their first call (runtime/triton_pool.py, Note: the compile
+pool; runtime/triton_compile.py, Note: ember owns the Triton compile) and the bounded tuning
+plan (runtime/triton.py, Note: bounded tuning), on a machine without a GPU: the workers compile
+for the CUDA target sm_90 (Triton needs no GPU to build a cubin); nothing is launched.
+
+The pool's workers never run under the interpreter, so the pool is tested from this process
+too; a launcher's own compile needs Triton's real jit functions, so the end-to-end check runs
+in a process without TRITON_INTERPRET (tests/triton_compile_harness.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import ember
+from ember.runtime import triton as triton_runtime
+from ember.runtime.cache import open_root
+from ember.runtime.triton import LaunchConfig, TritonLauncher, write_module
+from ember.runtime.triton_compile import CompileRequest, triton_settings
+from ember.runtime.triton_pool import CompileFailed, CompilePool, compile_pool
+from tests.helpers import run_threads
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = ("cuda", 90, 32)
+
+KERNELS = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def good_pointwise(x_ptr, XBLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    tl.store(x_ptr + offsets, tl.load(x_ptr + offsets) * 2)
+
+
+@triton.jit
+def bad_pointwise(x_ptr, XBLOCK: tl.constexpr):
+    offsets = tl.arange(0, 3)  # not a power of two: Triton refuses to compile it
+    tl.store(x_ptr + offsets, tl.load(x_ptr + offsets))
+"""
+
+CRASHING = "import os\nos._exit(3)  # the worker importing this module dies\n"
+
+
+def request_for(module: tuple[str, str, str], function: str, xblock: int, cache_dir: Path) -> CompileRequest:
+    options, _, environment = triton_settings()
+    root, relative, sha256 = module
+    return CompileRequest(root, relative, sha256, function, ("*fp32",), (True,), (("XBLOCK", xblock),), 4, TARGET,
+                          options, str(cache_dir), environment)  # fmt: skip
+
+
+@pytest.fixture
+def modules(tmp_path):
+    """The test kernels as Triton modules in a fresh ember cache: (root, relative, sha256) each."""
+    root = open_root(tmp_path / "ember")
+    found = {}
+    for name, source in (("kernels", KERNELS), ("crashing", CRASHING)):
+        relative, sha256, _ = write_module(source, root, False, ember.__version__)
+        found[name] = (str(root), relative, sha256)
+    return found
+
+
+@pytest.fixture
+def pool():
+    made = CompilePool(2)
+    yield made
+    made.shutdown()
+
+
+def test_a_graph_compiles_ahead_and_the_first_call_finds_every_kernel_in_the_cache(tmp_path):
+    """Every configuration the first call may launch was compiled by the pool's workers, and the
+    launcher's own compile of each (what the first call does) is a hit in Triton's cache; the
+    same kernel for unaligned pointers is not (the check can tell)."""
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    environment |= {"TRITON_CACHE_DIR": str(tmp_path / "triton"), "EMBER_CACHE_DIR": str(tmp_path / "ember"),
+                    "EMBER_COMPILE_THREADS": "2"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "tests.triton_compile_harness"], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("harness: ")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(lines[0].removeprefix("harness: "))
+    assert report["kernels"] >= 3 and report["error_flag_kernels"] >= 1 and report["by_value_kernels"] >= 1
+    assert report["plans"][0] == 1 and report["plans"][-1] > 1  # a tiny kernel takes one, the softmax several
+    assert report["requests"] == report["precompiled"] == sum(report["plans"])
+    assert report["failures"] == []
+    assert report["hits"] == report["requests"] and report["misses"] == 0
+    assert report["added_entries"] == 0
+    assert report["control_hit"] is False
+    assert report["in_process"] == 0
+    assert report["workers"] == 2
+
+
+def test_the_pool_compiles_in_parallel_workers_into_the_given_triton_cache(modules, pool, tmp_path):
+    cache = tmp_path / "triton"
+    futures = [pool.submit(request_for(modules["kernels"], "good_pointwise", x, cache))[0] for x in (128, 256, 512)]
+    assert [f.exception(timeout=600) for f in futures] == [None, None, None]
+    assert len([p for p in cache.iterdir() if p.is_dir()]) >= 3  # an entry per configuration (and the launcher's)
+    assert len(pool.worker_pids()) == 2
+    # one C launcher per list of argument types: asked of the first request only
+    assert [f.result() for f in futures].count("compiled") == 2
+
+
+def test_a_failing_compile_names_its_kernel_and_the_pool_goes_on(modules, pool, tmp_path):
+    cache = tmp_path / "triton"
+    bad, _ = pool.submit(request_for(modules["kernels"], "bad_pointwise", 128, cache))
+    with pytest.raises(CompileFailed, match=r"bad_pointwise \(XBLOCK=128, num_warps=4\) failed to compile"):
+        bad.result(timeout=600)
+    crashed, _ = pool.submit(request_for(modules["crashing"], "good_pointwise", 128, cache))
+    with pytest.raises(CompileFailed, match=r"good_pointwise .* exited \(code 3\)"):
+        crashed.result(timeout=600)
+    after = [pool.submit(request_for(modules["kernels"], "good_pointwise", x, cache))[0] for x in (64, 128)]
+    assert [f.exception(timeout=600) for f in after] == [None, None]
+
+
+def test_identical_requests_from_many_threads_share_one_pool_and_one_compile(modules, tmp_path):
+    pools, queued, futures = [], [], []
+    lock = threading.Lock()
+    request = request_for(modules["kernels"], "good_pointwise", 1024, tmp_path / "triton")
+    start = threading.Barrier(4, timeout=60)
+
+    def worker(i):
+        start.wait()
+        made = compile_pool()
+        future, fresh = made.submit(request)
+        with lock:
+            pools.append(made), queued.append(fresh), futures.append(future)
+
+    run_threads(worker, 4)
+    assert len({id(p) for p in pools}) == 1
+    assert queued.count(True) == 1 and len({id(f) for f in futures}) == 1
+    assert futures[0].exception(timeout=600) is None
+
+
+# ---- the tuning plan (Note: bounded tuning) ------------------------------------------------
+
+
+class StandInModule:
+    _sha256 = "0" * 64
+
+    def __init__(self, folder: Path) -> None:
+        self.__file__ = str(folder / "module.py")
+
+
+def launcher(tmp_path, variants, xnumel, rnumel, autotune=True) -> TritonLauncher:
+    return TritonLauncher(StandInModule(tmp_path), "k", variants, xnumel, rnumel, [0], interpret=False,
+                          autotune=autotune, arguments=["*float32", "*float32"])  # fmt: skip
+
+
+def test_tuning_times_candidates_only_where_the_choice_can_matter(tmp_path):
+    big_pointwise = launcher(tmp_path, ["pointwise"], 1 << 20, 0)
+    assert big_pointwise.tuning_plan("gpu") == triton_runtime.candidates(["pointwise"], 1 << 20, 0, False)
+    assert len(big_pointwise.tuning_plan("gpu")) > 1
+    tiny_reduction = launcher(tmp_path, ["persistent", "looped"], 64, 512)
+    assert len(triton_runtime.candidates(["persistent", "looped"], 64, 512, False)) > 1
+    assert tiny_reduction.tuning_plan("gpu") == triton_runtime.candidates(["persistent", "looped"], 64, 512, False)[:1]
+    assert len(launcher(tmp_path, ["pointwise"], 1 << 20, 0, autotune=False).tuning_plan("gpu")) == 1
+
+
+def test_a_recorded_winner_is_the_only_configuration_compiled(tmp_path):
+    from dataclasses import asdict
+
+    from ember.runtime.cache import write_entry
+
+    kernel = launcher(tmp_path, ["pointwise"], 1 << 20, 0)
+    winner = kernel.tuning_plan("gpu")[2]
+    record, key = kernel.tuning_record("gpu")
+    write_entry(record, key, asdict(winner))
+    assert kernel.tuning_plan("gpu") == [winner]
+    assert len(kernel.tuning_plan("another gpu")) > 1  # the record is per device
+    write_entry(record, key, asdict(LaunchConfig("pointwise", 7, 0, 1)))  # not a candidate any more
+    assert len(kernel.tuning_plan("gpu")) > 1
+
+
+def test_precompile_hands_the_plan_to_the_pool_and_counts_it(tmp_path, monkeypatch):
+    submitted = []
+
+    class RecordingPool:
+        def submit(self, request):
+            submitted.append(request)
+            return None, True
+
+    monkeypatch.setattr(triton_runtime, "device_facts", lambda device: (TARGET, "gpu"))
+    kernel = launcher(tmp_path, ["pointwise"], 1 << 20, 0)
+    kernel.precompile(0, RecordingPool())
+    plan = kernel.tuning_plan("gpu")
+    assert [dict(r.constexprs)["XBLOCK"] for r in submitted] == [c.xblock for c in plan]
+    assert all(r.aligned == (True, True) and r.signature == ("*fp32", "*fp32") for r in submitted)
+    assert ember.metrics.triton_configs_precompiled == len(plan)
+
+
+def test_interpreted_kernels_are_never_precompiled(monkeypatch):
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton's interpreter needs TRITON_INTERPRET=1 at start-up")
+    monkeypatch.setenv("EMBER_BACKEND", "triton")
+    x = torch.randn(300, 40)
+    got = ember.compile(lambda t: torch.softmax(t, -1) * 2)(x)
+    torch.testing.assert_close(got, torch.softmax(x, -1) * 2)
+    assert ember.metrics.kernels_generated >= 1
+    assert ember.metrics.triton_configs_precompiled == 0 and ember.metrics.triton_kernels_tuned == 0
+
+
+def test_every_kernel_error_flag_is_16_byte_aligned():
+    from ember.wrapper.runtime import GpuErrorFlags
+
+    for codes in (1, 2, 3):
+        flags = GpuErrorFlags(5, torch.device("cpu"), codes)
+        assert all(flags.slot(i).data_ptr() % 16 == 0 for i in range(5))
+    flags.slot(3)[0], flags.slot(3)[2] = 2, 17  # kernel 3 reports its error 2, value 17
+    with pytest.raises(ValueError, match="second: 17"):
+        two_errors = [("IndexError", "first"), ("ValueError", "second: {value}")]
+        flags.check([[("IndexError", "first")]] * 3 + [two_errors] * 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="launches kernels on a GPU")
+def test_on_a_gpu_the_first_call_finds_every_kernel_and_launcher_compiled(tmp_path, monkeypatch):
+    """A CUDA graph's wrapper loads; once the pool is done, the first call (tuning included)
+    adds nothing to Triton's cache: every kernel and C launcher it loads was built by the pool."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ember.compile_graph import compile_graph
+    from ember.config import load
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+
+    def program(x, w):
+        return torch.softmax(x, -1) * w + 1, (x * 2).sum(0)
+
+    x, w = torch.randn(512, 1000, device="cuda"), torch.randn(1000, device="cuda")
+    call = compile_graph(make_fx(program)(x, w), [x, w], load(cache_dir=str(tmp_path / "ember")))
+    pool = compile_pool()
+    with pool.lock:
+        pending = list(pool.futures.values())
+    assert all(f.exception(timeout=600) is None for f in pending)
+    before = set((tmp_path / "triton").iterdir())
+    got = call([x, w])
+    torch.cuda.synchronize()
+    assert set((tmp_path / "triton").iterdir()) == before
+    for value, expected in zip(got, program(x.double(), w.double())):
+        torch.testing.assert_close(value, expected.float(), rtol=1e-4, atol=1e-4)
+    assert ember.metrics.triton_configs_precompiled >= 2 and ember.metrics.triton_compiles_in_process == 0
+    assert ember.metrics.triton_kernels_tuned >= 1

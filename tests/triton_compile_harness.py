@@ -1,0 +1,107 @@
+"""Run by tests/test_triton_compile.py as `python -m tests.triton_compile_harness`, in a process
+without TRITON_INTERPRET (a launcher's own compile needs Triton's real jit functions), on a
+machine that may have no GPU: one graph compiled for the Triton backend on the GPU path, its
+kernels' configurations compiled by the compile pool for the CUDA target sm_90, then compiled
+again here as the first call would, counting Triton's cache hits. Nothing is launched. Prints
+one JSON line of counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+TARGET = ("cuda", 90, 32)
+
+
+def program(x, w, table, idx):
+    """A softmax (a reduction with several candidates), a large pointwise kernel with a random
+    op (a seed by value), an embedding (an error flag) and a tiny reduction (one candidate)."""
+    probabilities = torch.softmax(x, -1)
+    noisy = x * 2 + torch.rand_like(x) * w
+    rows = torch.nn.functional.embedding(idx, table)
+    return probabilities, noisy, rows, w.sum()
+
+
+def compile_for_cuda(cache: Path) -> list:
+    """The graph of `program` compiled by the GPU path (the backend and the wrapper's launchers
+    told they serve CUDA device 0); the launchers its wrapper made."""
+    from ember import compile_graph as graph_module
+    from ember.compile_triton import TritonBackend
+    from ember.config import load
+    from ember.runtime import triton as triton_runtime
+    from ember.wrapper import runtime as wrapper_runtime
+
+    triton_runtime.device_facts = lambda device: (TARGET, "stand-in sm_90")
+    graph_module.backend_for = lambda device, config: TritonBackend(interpret=False)
+    launchers, load_kernel = [], wrapper_runtime.load_triton_kernel
+
+    def load_for_cuda(root, relative, sha256, name, device=None, **launch):
+        launchers.append(load_kernel(root, relative, sha256, name, torch.device("cuda", 0), **launch))
+        return launchers[-1]
+
+    wrapper_runtime.load_triton_kernel = load_for_cuda
+    inputs = [torch.randn(256, 1000), torch.randn(1000), torch.randn(50, 64), torch.randint(0, 50, (8,))]
+    gm = make_fx(program)(*inputs)
+    graph_module.compile_graph(gm, inputs, load(cache_dir=str(cache), graph_cache=False))
+    return launchers
+
+
+def entries(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir()} if folder.exists() else set()
+
+
+def main() -> None:
+    import triton
+
+    import ember
+    from ember.runtime.triton_compile import compile_kernel
+    from ember.runtime.triton_pool import compile_pool
+
+    launchers = compile_for_cuda(Path(os.environ["EMBER_CACHE_DIR"]))
+    pool = compile_pool()
+    requests, failures = [], []
+    for launcher in launchers:
+        every_aligned = (True,) * len(launcher.signature)
+        for config in launcher.tuning_plan("stand-in sm_90"):
+            request = launcher.request(config, launcher.signature, every_aligned, TARGET)
+            future = pool.pending(request)
+            failure = "never submitted" if future is None else future.exception(timeout=600)
+            failures += [str(failure)] if failure is not None else []
+            requests.append((launcher, request))
+    triton_cache = Path(triton.knobs.cache.dir)
+    before = entries(triton_cache)
+    hits: list[bool] = []
+    triton.knobs.compilation.listener = lambda **event: hits.append(event["cache_hit"])
+    for launcher, request in requests:  # as the first call compiles them (runtime/triton.py compiled_kernel)
+        compile_kernel(getattr(launcher.module, request.function), request)
+    added = entries(triton_cache) - before
+    # a control: the same kernel for unaligned pointers is another kernel, which the pool never built
+    launcher, request = requests[0]
+    unaligned = launcher.request(launcher.tuning_plan("stand-in sm_90")[0], launcher.signature,
+                                 (False,) * len(launcher.signature), TARGET)  # fmt: skip
+    compile_kernel(getattr(launcher.module, unaligned.function), unaligned)
+    report = {
+        "kernels": len(launchers),
+        "plans": sorted(len(launcher.tuning_plan("stand-in sm_90")) for launcher in launchers),
+        "requests": len(requests),
+        "precompiled": ember.metrics.triton_configs_precompiled,
+        "in_process": ember.metrics.triton_compiles_in_process,
+        "failures": failures,
+        "hits": hits[: len(requests)].count(True),
+        "misses": hits[: len(requests)].count(False),
+        "added_entries": len(added),
+        "control_hit": hits[len(requests)],
+        "workers": len(pool.worker_pids()),
+        "error_flag_kernels": sum(1 for launcher in launchers if launcher.signature[-1] == "*i64"),
+        "by_value_kernels": sum(1 for launcher in launchers if "i64" in launcher.signature),
+    }
+    print("harness: " + json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
