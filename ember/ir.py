@@ -34,7 +34,7 @@ class Layout:
             same_sizes((self.offset,), (other.offset,))  # fmt: skip
 
     def __hash__(self) -> int:
-        return hash(tuple(index_size(x) for x in (*self.size, *self.stride, self.offset)))
+        return hash(tuple(_size_key(x) for x in (*self.size, *self.stride, self.offset)))
 
     @staticmethod
     def contiguous(size: tuple[int, ...]) -> Layout:
@@ -70,6 +70,12 @@ def same_sizes(a: tuple, b: tuple) -> bool:
     if len(a) != len(b):
         return False
     return all(x == y if type(x) is int and type(y) is int else _same_size(x, y) for x, y in zip(a, b))
+
+
+def _size_key(size: Any) -> Any:
+    """What `_same_size` compares: an int, or a symbolic size's normal form (equal keys, equal hashes)."""
+    x = index_size(size)
+    return x if isinstance(x, int) else normal_form(x)
 
 
 def _same_size(a: Any, b: Any) -> bool:
