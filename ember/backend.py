@@ -63,5 +63,10 @@ class Backend(Protocol):
 
 
 def has_work(step) -> bool:
-    """A kernel over empty buffers has nothing to do: the wrapper only allocates them."""
-    return isinstance(step, KernelStep) and any(c.buffer.layout.numel > 0 for c in step.group)
+    """A kernel over empty buffers has nothing to do: the wrapper only allocates them. A symbolic
+    size may be 0 at run time: its loops then run no iteration (Note: symbolic sizes)."""
+    return isinstance(step, KernelStep) and any(_may_be_nonempty(c.buffer.layout.numel) for c in step.group)
+
+
+def _may_be_nonempty(numel) -> bool:
+    return numel > 0 if type(numel) is int else True

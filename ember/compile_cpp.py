@@ -46,7 +46,8 @@ class CppBackend:
         progress: CompileProgress | None = getattr(timings, "progress", None)
         with KernelBuilder(config, progress) as builder:
             with stage("codegen", timings):
-                dying = [{n: graph.buffers[n] for n in names} for names in graph_last_uses(graph, steps)]
+                dying = [{n: graph.buffers[n] for n in names if n not in graph.aliasing_outputs}
+                         for names in graph_last_uses(graph, steps)]  # fmt: skip
             rendered: dict[int, tuple[RenderedKernel, KernelAST]] = {}
             generated: dict[tuple, RenderedKernel] = {}  # Note: kernels generated once
             if progress is not None:
@@ -186,7 +187,7 @@ class KernelBuilder:
             errors = tuple((e.error, e.message) for e in kernel.errors)
             arguments = ast.arguments(kernel.params)
             binaries[i] = KernelBinary(result.symbol, result.relative, result.symbol, arguments, errors, ast.inplace,
-                                       sha256=result.sha256)  # fmt: skip
+                                       sha256=result.sha256, variables=kernel.variables)  # fmt: skip
         return binaries
 
 

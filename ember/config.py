@@ -48,6 +48,10 @@ class Config:
                                        "a graph with dynamic shapes is compiled for at most this many "
                                        "concrete shapes (Note: dynamic shapes by specialization); "
                                        "new ones past that run eagerly", minimum=0)  # fmt: skip
+    symbolic_shapes: bool = _flag(True, "EMBER_SYMBOLIC_SHAPES", False,
+                                  "compile a graph with dynamic shapes once, its kernels taking sizes as "
+                                  "arguments (Note: symbolic sizes); off, or where that fails, it is "
+                                  "compiled per concrete shape")  # fmt: skip
     fusion: bool = _flag(True, "EMBER_FUSION", True, "let the scheduler fuse computed buffers into kernels")
     graph_cache: bool = _flag(True, "EMBER_GRAPH_CACHE", False, "load graphs compiled before from the cache")
     explain_file: str = _flag("", "EMBER_EXPLAIN_FILE", False, "append each graph's explanation to this file")

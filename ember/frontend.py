@@ -22,6 +22,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from ember import config as config_module
 from ember.collector import collection_paused
 from ember.compile_graph import compile_graph
+from ember.compile_symbolic import compile_symbolic, record_fallback
 from ember.errors import EmberError, warn_at_user_code
 from ember.lower.decompositions import corrected_autograd_kernels, decomposition_table
 from ember.metrics import metrics
@@ -74,7 +75,14 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
 def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config, role: str = "graph") -> Callable:
     """`role`: forward, backward, inference, or graph (unknown). A forward's or an inference
     graph's caller holds every input through the call (passes/eager_memory.py INPUTS_HELD)."""
-    if is_symbolic(example_inputs):  # Note: dynamic shapes by specialization
+    if is_symbolic(example_inputs):  # Note: symbolic sizes; else Note: dynamic shapes by specialization
+        if role in ("forward", "inference"):
+            gm.meta[INPUTS_HELD] = True
+        with collection_paused():
+            compiled = compile_symbolic(gm, example_inputs, config, role)
+        if not isinstance(compiled, str):
+            return compiled
+        record_fallback(compiled, role, config)
         static_compiler = functools.partial(compile_or_fallback, config=config, role=role)
         return ShapeSpecializedGraph(gm, static_compiler, config.shape_specializations, config.strict)
     if role in ("forward", "inference"):

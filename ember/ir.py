@@ -14,15 +14,27 @@ from typing import Any
 
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import BufferArg, Ops, UOp
+from ember.uop.symbolic_division import normal_form
+from ember.uop.variables import index_size
 
 
 @dataclass(frozen=True)
 class Layout:
     """Where a tensor's elements live in its buffer: sizes, strides and offset, in elements."""
 
-    size: tuple[int, ...]
+    size: tuple[int, ...]  # (torch SymInts where sizes are symbolic: Note: symbolic sizes, uop/variables.py)
     stride: tuple[int, ...]
     offset: int = 0
+
+    def __eq__(self, other: object) -> bool:
+        """The same layout; symbolic sizes must be the same expression (never a guard on their values)."""
+        if not isinstance(other, Layout):
+            return NotImplemented
+        return same_sizes(self.size, other.size) and same_sizes(self.stride, other.stride) and \
+            same_sizes((self.offset,), (other.offset,))  # fmt: skip
+
+    def __hash__(self) -> int:
+        return hash(tuple(_size_key(x) for x in (*self.size, *self.stride, self.offset)))
 
     @staticmethod
     def contiguous(size: tuple[int, ...]) -> Layout:
@@ -53,6 +65,26 @@ class Layout:
         return idx
 
 
+def same_sizes(a: tuple, b: tuple) -> bool:
+    """Equal tuples of sizes; a symbolic one equals only the same expression."""
+    if len(a) != len(b):
+        return False
+    return all(x == y if type(x) is int and type(y) is int else _same_size(x, y) for x, y in zip(a, b))
+
+
+def _size_key(size: Any) -> Any:
+    """What `_same_size` compares: an int, or a symbolic size's normal form (equal keys, equal hashes)."""
+    x = index_size(size)
+    return x if isinstance(x, int) else normal_form(x)
+
+
+def _same_size(a: Any, b: Any) -> bool:
+    x, y = index_size(a), index_size(b)
+    if isinstance(x, int) or isinstance(y, int):
+        return x == y if isinstance(x, int) and isinstance(y, int) else False
+    return x is y or normal_form(x) == normal_form(y)
+
+
 def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
     strides, running = [], 1
     for s in reversed(size):
@@ -73,7 +105,7 @@ class Buffer:
     kind: str
 
     def uop(self) -> UOp:
-        return UOp(Ops.BUFFER, self.dtype, (), BufferArg(self.name, self.layout.storage_size))
+        return UOp(Ops.BUFFER, self.dtype, (), BufferArg(self.name, index_size(self.layout.storage_size)))
 
 
 @dataclass
@@ -186,3 +218,8 @@ class LoweredGraph:
     random_offsets: dict[str, int] = field(default_factory=dict)
     # inputs a step stores into, in place (Note: inputs written in place, lower/mutation.py)
     mutated_inputs: list[str] = field(default_factory=list)
+    # extern results that may be views of their arguments (aten's view ops): never written over in
+    # place, as the storage is an argument's, maybe a graph input's (codegen/kernel.py choose_inplace)
+    aliasing_outputs: set[str] = field(default_factory=set)
+    # size inputs of a graph with symbolic sizes: argument name -> its SymInt (Note: symbolic sizes)
+    size_arguments: dict[str, Any] = field(default_factory=dict)

@@ -54,6 +54,9 @@ class Metrics:
     search_candidates_timed: int = 0  # renderings timed by those searches
     search_winners_loaded: int = 0  # kernels that took a winner recorded on disk, with no search
     shape_specializations: int = 0  # static graphs compiled from a symbolic one (shape_specialization.py)
+    symbolic_graphs: int = 0  # graphs with dynamic shapes compiled once (compile_symbolic.py)
+    # graphs with dynamic shapes compiled per shape instead, by the reason the symbolic compile refused
+    symbolic_fallbacks: Counter = field(default_factory=Counter)
     verify_checks: int = 0  # EMBER_VERIFY: buffers compared with float64 eager (wrapper/verify.py)
     verify_mismatches: int = 0  # EMBER_VERIFY: calls in which a step differed
     cuda_graphs_recorded: int = 0  # config.cuda_graphs: recordings made (runtime/cuda_graphs.py)

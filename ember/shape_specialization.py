@@ -1,7 +1,9 @@
-"""Graphs with symbolic shapes, compiled once per concrete shape.
+"""Graphs with symbolic shapes, compiled once per concrete shape: where the symbolic compile
+refuses (compile_symbolic.py, Note: symbolic sizes), or with `symbolic_shapes` off.
 
 Note: dynamic shapes by specialization
-    ember's kernels are generated for static shapes. torch.compile's default (`dynamic=None`)
+    A graph ember cannot compile with symbolic sizes gets kernels for static shapes.
+    torch.compile's default (`dynamic=None`)
     recompiles a function whose input shapes change with those dims *symbolic*, so the second
     batch size a user runs used to reach ember as a graph of SymInts and run eagerly. Instead,
     such a graph is compiled at its first call with each new set of concrete shapes: the

@@ -1,11 +1,18 @@
-"""Graphs with symbolic shapes (torch.compile's automatic dynamic shapes, dynamic=True) are
-compiled once per concrete shape (Note: dynamic shapes by specialization)."""
+"""Graphs with symbolic shapes (torch.compile's automatic dynamic shapes, dynamic=True) compiled
+once per concrete shape (Note: dynamic shapes by specialization): the path a graph takes where
+its symbolic compile refuses (tests/test_symbolic_shapes.py tests that one), forced here with
+symbolic_shapes off."""
 
 import pytest
 import torch
 
 import ember
 from tests.helpers import test_device, to_test_device
+
+
+@pytest.fixture(autouse=True)
+def _per_shape(monkeypatch):
+    monkeypatch.setenv("EMBER_SYMBOLIC_SHAPES", "0")
 
 
 def upcast(model: torch.nn.Module) -> torch.nn.Module:

@@ -83,3 +83,18 @@ def test_a_second_aten_result_returned_keeps_eager_strides():
     for got, want in zip(compiled(x), f(x)):
         torch.testing.assert_close(got, want)
         assert got.stride() == want.stride(), (got.stride(), want.stride())
+
+
+def test_a_kernel_never_writes_over_an_aten_view_of_an_input():
+    """as_strided of a transposed input runs in aten and returns a view of the input; the kernel
+    after it, the view's last reader, used to store its result in place there: into the caller's
+    tensor (the in-place choice took any dying aten result: lower/context.py `_returns_alias`)."""
+
+    def f(x):
+        return torch.as_strided(x.t(), (3, 2), (1, 3)) * 2
+
+    x = torch.randn(4, 3)
+    before = x.clone()
+    torch.testing.assert_close(compile_fn(f)(x), f(before))
+    assert torch.equal(x, before)
+    assert metrics.fallback_calls == 1  # (the as_strided: the view this is about)

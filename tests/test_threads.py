@@ -299,9 +299,13 @@ def test_threads_racing_a_kernel_search_all_get_eagers_result(tmp_path, monkeypa
             torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
-def test_threads_racing_new_shapes_of_a_dynamic_graph():
+@pytest.mark.parametrize("symbolic", ["0", "1"])
+def test_threads_racing_new_shapes_of_a_dynamic_graph(symbolic, monkeypatch):
+    """Per shape (symbolic_shapes off): the threads race to specialize; symbolic: one compile
+    serves them all (Note: symbolic sizes)."""
     import ember
 
+    monkeypatch.setenv("EMBER_SYMBOLIC_SHAPES", symbolic)
     torch._dynamo.reset()
     fn = torch.compile(softmax_rows, backend="ember", dynamic=True)
     w = torch.randn(64)
@@ -320,7 +324,8 @@ def test_threads_racing_new_shapes_of_a_dynamic_graph():
 
     run_threads(worker, 8)
     assert not wrong
-    assert ember.metrics.shape_specializations == len(rows)
+    assert ember.metrics.shape_specializations == (len(rows) if symbolic == "0" else 0)
+    assert ember.metrics.graphs_compiled == (len(rows) if symbolic == "0" else 0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ember.ir import Buffer, ComputedBuffer, IndexedStore, Layout
+from ember.ir import Buffer, ComputedBuffer, IndexedStore, Layout, same_sizes
 from ember.schedule.group import align, resolve_bodies
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import BufferArg, Ops, RangeKind, ScatterArg, UOp, substitute
 from ember.uop.symbolic import distributed_terms, simplify
+from ember.uop.variables import size_hint
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,9 @@ def choose_inplace(sink: UOp, members: dict[str, Buffer], dying: dict[str, Buffe
     UOp emitted before the store. No other store of the kernel may read the input (it could run
     after the overwrite: relu(y) and y * 2 in one kernel). Kernels with reductions (and scans) are left alone: their
     loop nests may recompute a load after a store. The input's buffer is renamed to the output's, so
-    the kernel sees one `__restrict__` pointer, never two aliasing ones."""
+    the kernel sees one `__restrict__` pointer, never two aliasing ones. An aten result that may be
+    a view of its arguments (as_strided of a graph input) is never among the dying inputs: its
+    storage is another tensor's (LoweredGraph.aliasing_outputs)."""
     if not dying or any(u.op in (Ops.REDUCE, Ops.SCAN) for u in sink.toposort):
         return {}
     reads: dict[str, set[object]] = {}
@@ -105,14 +108,14 @@ def _can_overwrite(victim: Buffer, out: Buffer) -> bool:
     if victim.dtype != out.dtype or out.kind == "input":  # an input stored in place keeps its own storage
         return False
     if victim.kind == "computed":  # allocated by the wrapper: its storage is exactly its layout's
-        return victim.layout.storage_size == out.layout.storage_size
+        return same_sizes((victim.layout.storage_size,), (out.layout.storage_size,))
     # an aten result may be a view into a larger storage: only the very same elements, which
     # a dense layout of as many elements from its first one are (the wrapper's as_strided
     # counts from the result's first element)
     if victim.kind != "extern":
         return False
     return victim.layout == out.layout or (_is_dense(victim.layout) and _is_dense(out.layout)
-                                           and victim.layout.numel == out.layout.numel)  # fmt: skip
+                                           and same_sizes((victim.layout.numel,), (out.layout.numel,)))  # fmt: skip
 
 
 def _is_dense(layout: Layout) -> bool:
@@ -121,8 +124,8 @@ def _is_dense(layout: Layout) -> bool:
     if layout.offset != 0 or layout.numel == 0:
         return False
     expected = 1
-    for size, stride in sorted(zip(layout.size, layout.stride), key=lambda p: p[1]):
-        if size != 1 and stride != expected:
+    for size, stride in sorted(zip(layout.size, layout.stride), key=lambda p: size_hint(p[1])):
+        if size != 1 and not same_sizes((stride,), (expected,)):
             return False
         expected *= size
     return True
@@ -160,7 +163,11 @@ def indexed_store_sink(step: IndexedStore) -> UOp:
     at computed positions). With an owner dim, its loop is outermost (the parallel one), so
     threads never share an element and the stores need no atomics; it is split into chunks of
     OWNER_CHUNK, the chunk loop outermost and the lane loop innermost, so reads stay sequential."""
-    owners = [d for d in step.owner_dims if step.shape[d] >= 2 * OWNER_CHUNK and step.shape[d] % OWNER_CHUNK == 0]
+    owners = [
+        d
+        for d in step.owner_dims  # (a symbolic size: no owner chunks, Note: symbolic sizes)
+        if type(step.shape[d]) is int and step.shape[d] >= 2 * OWNER_CHUNK and step.shape[d] % OWNER_CHUNK == 0
+    ]
     owner = max(owners, key=lambda d: step.shape[d], default=None)
     loop_vars = [UOp.range(s, d + 1) if s != 1 else UOp.const(dtypes.index, 0) for d, s in enumerate(step.shape)]
     if owner is not None:
@@ -200,15 +207,26 @@ def _store(computed: ComputedBuffer, body: UOp, loop_vars: list[UOp]) -> UOp:
     return UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, index)), value))
 
 
+def _larger(a: int | UOp, b: int | UOp) -> int | UOp:
+    """The larger of two element counts of one buffer; symbolic ones (Note: symbolic sizes,
+    uop/variables.py) by their bounds, or the MAX of both."""
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    x, y = (v if isinstance(v, UOp) else UOp.const(dtypes.index, v) for v in (a, b))
+    if x is y or y.vmax <= x.vmin:
+        return a
+    return b if x.vmax <= y.vmin else x.alu(Ops.MAX, y)
+
+
 def _rename_buffers(sink: UOp, outputs: frozenset[str]) -> KernelAST:
     buffers = [u for u in sink.toposort if u.op is Ops.BUFFER]
     # outputs first, then inputs in order of first use (a stable sort keeps that order)
     ordered = sorted(buffers, key=lambda b: b.arg.name not in outputs)
     names = list(dict.fromkeys(b.arg.name for b in ordered))
     position = {n: i for i, n in enumerate(names)}
-    sizes: dict[str, int] = {}
+    sizes: dict[str, int | UOp] = {}
     for b in buffers:
-        sizes[b.arg.name] = max(sizes.get(b.arg.name, 0), b.arg.size)
+        sizes[b.arg.name] = _larger(sizes.get(b.arg.name, 0), b.arg.size)
     mapping = {
         b: UOp(Ops.BUFFER, b.dtype, (), BufferArg(f"p{position[b.arg.name]}", sizes[b.arg.name])) for b in buffers
     }

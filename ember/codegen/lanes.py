@@ -35,7 +35,8 @@ def innermost_loop(sink: UOp) -> UOp | None:
 def lane_range(red: UOp, innermost: UOp | None, max_lanes: int) -> UOp | None:
     """The loop that `red` should keep one accumulator per iteration of, or None for a
     scalar accumulator (Note: lane accumulators)."""
-    if innermost is None or innermost not in red.ranges or not MIN_LANES <= innermost.src[0].arg <= max_lanes:
+    lanes = innermost.src[0].static_size if innermost is not None else None  # none for a symbolic size
+    if innermost is None or innermost not in red.ranges or lanes is None or not MIN_LANES <= lanes <= max_lanes:
         return None
     value, reduce_ranges = red.src[0], red.src[1:]
     if any(u.op is Ops.DEFINE_ACC and innermost in u.src for u in value.toposort):

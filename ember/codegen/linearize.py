@@ -44,7 +44,7 @@ STATEFUL = frozenset({Ops.DEFINE_ACC, Ops.ACC_UPDATE, Ops.STORE})
 
 def _trivial(u: UOp) -> bool:
     """Values the renderer writes inline, never as statements."""
-    return u.op in (Ops.CONST, Ops.BUFFER, Ops.RANGE, Ops.BLOCK_SIZE)
+    return u.op in (Ops.CONST, Ops.BUFFER, Ops.RANGE, Ops.BLOCK_SIZE, Ops.DEFINE_VAR)
 
 
 class _Linearizer:

@@ -45,6 +45,7 @@ from ember.uop.ops import (
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite, rewrite_each_once
 from ember.uop.spec import Stage, verify
 from ember.uop.symbolic import linear_terms, pm_symbolic
+from ember.uop.symbolic_division import factors
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,21 @@ def order_loops(sink: UOp) -> UOp:
     return substitute(sink, renumbered)
 
 
+def symbolic_stride(term: UOp) -> tuple[UOp, int] | None:
+    """(r, an estimate of its stride) for a term r * (a product of size variables and constants):
+    each variable counted at its lower bound, and at least 2, so a stride with more variables
+    ranks larger, as it is for any sizes above 1 (Note: symbolic sizes)."""
+    constant, found = factors(term)
+    loops = [u for u in found if u.op is Ops.RANGE]
+    if len(loops) != 1 or found[loops[0]] != 1 or any(u.op is not Ops.DEFINE_VAR for u in found if u is not loops[0]):
+        return None
+    estimate = constant
+    for u, n in found.items():
+        if u is not loops[0]:
+            estimate *= max(u.arg.vmin, 2) ** n
+    return loops[0], estimate
+
+
 def _loops_may_move(uops: Iterable[UOp], loops: set[UOp]) -> bool:
     """Reductions stay hoisted only while their loops stay outermost (a row's maximum computed
     once per row), so a kernel with a reduction keeps its order, unless every reduction varies
@@ -224,6 +240,8 @@ def _coefficients(index: UOp) -> dict[UOp, int]:
     for term, k in terms:
         if term.op is Ops.RANGE:
             found[term] = found.get(term, 0) + k
+        elif (symbolic := symbolic_stride(term)) is not None:  # r * s0 * 128 (Note: symbolic sizes)
+            found[symbolic[0]] = found.get(symbolic[0], 0) + k * symbolic[1]
         else:
             for r in term.ranges:
                 found.setdefault(r, 1)

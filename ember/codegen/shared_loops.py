@@ -42,7 +42,7 @@ def _identical_reductions(reduces: list[UOp]) -> dict[UOp, UOp]:
     mapping: dict[UOp, UOp] = {}
     kept: dict[tuple, list[UOp]] = {}
     for red in reduces:
-        key = (red.arg, red.dtype, tuple(r.src[0].arg for r in red.src[1:]), frozenset(red.ranges))
+        key = (red.arg, red.dtype, tuple(r.src[0] for r in red.src[1:]), frozenset(red.ranges))
         for earlier in kept.setdefault(key, []):
             renamed = substitute(red.src[0], dict(zip(red.src[1:], earlier.src[1:])))
             if renamed is earlier.src[0]:
@@ -66,7 +66,7 @@ def share_reduce_loops(sink: UOp) -> UOp:
         if _holds_nested_reduction(update):
             continue
         acc = update.src[0]
-        key = (acc.src, acc.arg.lanes, tuple(r.src[0].arg for r in loop_ranges(update)))
+        key = (acc.src, acc.arg.lanes, tuple(r.src[0] for r in loop_ranges(update)))
         for cluster in clusters.setdefault(key, []):
             if all(_independent(update, member) for member in cluster):
                 mapping.update(zip(loop_ranges(update), loop_ranges(cluster[0])))

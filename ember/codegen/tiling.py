@@ -69,7 +69,7 @@ def choose_tiled_loops(sink: UOp, loops: list[UOp]) -> tuple[UOp, UOp, int] | No
         if abs(coefficients.get(col, 0)) < MIN_STRIDE:
             continue
         row = _nearest_loop(coefficients, loops[:-1])
-        if row is not None and col.src[0].arg >= size and row.src[0].arg >= size:
+        if row is not None and col.src[0].vmax >= size and row.src[0].vmax >= size:  # (vmax: Note: symbolic sizes)
             return row, col, min(size, tile_size(load.dtype.itemsize))
     return None
 
@@ -98,8 +98,9 @@ def is_element_loop(r: UOp) -> bool:
 
 
 def trip_count(r: UOp, tile: int = 0) -> int:
-    """Iterations of loop `r` (an element loop's: of a full tile); `tile` overrides the size."""
-    size = r.src[0].arg
+    """Iterations of loop `r` (an element loop's: of a full tile); `tile` overrides the size. A
+    symbolic size counts as its upper bound (Note: symbolic sizes)."""
+    size = int(r.src[0].vmax)
     if is_tile_loop(r):
         return -(-size // (tile or r.arg.tile))
     if is_element_loop(r):

@@ -8,11 +8,12 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ember.ir import Buffer, BufferRef, ComputedBuffer, ExternCall, Layout, LoweredGraph, contiguous_strides
+from ember.ir import Buffer, BufferRef, ComputedBuffer, ExternCall, Layout, LoweredGraph, contiguous_strides, same_sizes
 from ember.lower.collectives import communication_of
 from ember.lower.values import TensorValue, as_strided_read, load, reads_transposed
 from ember.uop.dtypes import from_torch
 from ember.uop.ops import Ops, RangeKind, UOp
+from ember.uop.variables import size_hint
 
 # aten matmuls that read any strided operand, a transposed one as fast as a plain one (BLAS)
 MATMUL_OPS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm}
@@ -38,17 +39,19 @@ def dense_layout(meta: Any, shape: tuple[int, ...]) -> Layout | None:
     if not isinstance(meta, torch.Tensor) or tuple(meta.shape) != tuple(shape):
         return None
     expected = 1
-    for size, stride in sorted(zip(meta.shape, meta.stride()), key=lambda p: p[1]):
+    for size, stride in sorted(zip(meta.shape, meta.stride()), key=lambda p: size_hint(p[1])):  # Note: symbolic sizes
         if size != 1:
-            if stride != expected:
+            if not same_sizes((stride,), (expected,)):
                 return None
             expected *= size
     return Layout(tuple(shape), tuple(meta.stride()))
 
 
 def same_strides(a: Layout, b: Layout) -> bool:
-    """Equal strides wherever a dim has more than one element."""
-    return all(x == y or size == 1 for x, y, size in zip(a.stride, b.stride, a.size))
+    """Equal strides wherever a dim has more than one element (a symbolic stride: the same expression)."""
+    return all(
+        same_sizes((x,), (y,)) or (type(size) is int and size == 1) for x, y, size in zip(a.stride, b.stride, a.size)
+    )
 
 
 @dataclass
@@ -115,6 +118,8 @@ class LoweringContext:
         )
         if fallback:
             self.fallback_ops.append(str(op))
+        if _returns_alias(op):
+            self.graph.aliasing_outputs |= {b.name for b in outputs}
         values = [load(b) for b in outputs]
         if structure == "single":
             return values[0]
@@ -150,6 +155,12 @@ class LoweringContext:
         repeats = any(st == 0 and size > 1 for size, st in zip(shape, stride))
         layout = Layout.contiguous(shape) if repeats else Layout(shape, stride, 0)
         return self.add_buffer(Buffer(self.new_name(), dtype, layout, "extern"))
+
+
+def _returns_alias(op: Any) -> bool:
+    """Whether an aten op may return a view of an argument (its schema says a result aliases one)."""
+    schema = getattr(op, "_schema", None)
+    return schema is not None and any(r.alias_info is not None for r in schema.returns)
 
 
 def with_eager_unit_strides(ref: BufferRef, meta: Any) -> BufferRef:

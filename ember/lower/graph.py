@@ -21,7 +21,7 @@ import torch.fx
 from torch.utils._pytree import tree_flatten
 
 from ember.errors import EmberError
-from ember.ir import Buffer, BufferRef, Layout, LoweredGraph, OpaqueInput, OutputSpec, contiguous_strides
+from ember.ir import Buffer, BufferRef, Layout, LoweredGraph, OpaqueInput, OutputSpec, contiguous_strides, same_sizes
 from ember.lower.collectives import communication_of
 from ember.lower.context import (
     MATMUL_OPS,
@@ -36,6 +36,7 @@ from ember.lower.values import TensorValue, as_strided_read, axis, const_index, 
 from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
 from ember.uop.ops import Ops
 from ember.uop.symbolic import simplify
+from ember.uop.variables import size_hint
 
 # Inductor's `realize_opcount_threshold` plays the same role; above it, reuse beats recompute.
 REUSE_OPCOUNT = 30
@@ -103,13 +104,14 @@ def _record_holder(graph: LoweredGraph, node: torch.fx.Node, value: Any) -> None
 
 def _lower_placeholder(ctx: LoweringContext, node: torch.fx.Node, example: Any) -> Any:
     if not isinstance(example, torch.Tensor):
-        if isinstance(example, (torch.SymInt, torch.SymFloat, torch.SymBool)):  # a size under dynamic=True
-            raise EmberError("lower", "dynamic shapes are not supported yet; compile with dynamic=False", node.name)
+        if isinstance(example, torch.SymInt):  # a size under dynamic shapes (Note: symbolic sizes)
+            ctx.graph.size_arguments[node.name] = example
+            return example
+        if isinstance(example, (torch.SymFloat, torch.SymBool)):
+            raise EmberError("lower", "symbolic float and bool graph inputs are not supported", node.name)
         if isinstance(example, (int, float, bool)):
             raise EmberError("lower", "scalar graph inputs (dynamic scalars) are not supported yet", node.name)
         return OpaqueInput(node.name)
-    if any(not isinstance(s, int) for s in (*example.shape, *example.stride())):
-        raise EmberError("lower", "dynamic shapes are not supported yet; compile with dynamic=False", node.name)
     layout = Layout(tuple(example.shape), tuple(example.stride()), 0)
     buffer = ctx.add_buffer(Buffer(node.name, from_torch(example.dtype), layout, "input"))
     ctx.graph.inputs.append(buffer)
@@ -129,6 +131,12 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
     if node.target is operator.getitem:
         return args[0][args[1]]
+    if isinstance(node.meta.get("val"), torch.SymInt):  # a size computed from sizes: its expression is the value
+        return node.meta["val"]
+    if isinstance(node.meta.get("val"), (torch.SymFloat, torch.SymBool)):  # no kernel or wrapper form for these
+        raise EmberError("lower", "a symbolic float or bool computed from sizes is not supported", node.name)
+    if node.target in SIZE_ASSERTS:  # what dynamo's guards already check at every call
+        return None
     lowering = lookup(node.target)
     value = None
     if lowering in FULL_PRECISION_ONLY and _touches_low_precision(node, args, kwargs):
@@ -183,7 +191,7 @@ def _kernel_dtypes_only(node: torch.fx.Node, args: tuple, kwargs: dict) -> bool:
     for v, dtype in _dtypes(node, args, kwargs):
         if dtype is not None and not is_kernel_dtype(dtype):
             return False
-        if isinstance(v, (complex, torch.SymInt, torch.SymFloat)):
+        if isinstance(v, (complex, torch.SymFloat, torch.SymBool)):  # (a SymInt is a size: Note: symbolic sizes)
             return False
     return True
 
@@ -238,6 +246,9 @@ def _only_matmuls_read(node: torch.fx.Node) -> bool:
     return all(user.op == "call_function" and getattr(user.target, "overloadpacket", None) in MATMUL_OPS
                for user in node.users)  # fmt: skip
 
+
+# asserts on sizes that AOTAutograd leaves in a graph with symbolic sizes
+SIZE_ASSERTS = {torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range_for_size.default}
 
 # Ops returning several views of their input, each picked by an `operator.getitem` node.
 MULTI_VIEW_OPS = {
@@ -308,8 +319,8 @@ def _eager_output_layout(meta: Any, shape: tuple[int, ...]) -> Layout | None:
     stride = tuple(meta.stride())
     stored = [i for i, size in enumerate(shape) if size != 1 and stride[i] != 0]
     expected = 1
-    for i in sorted(stored, key=lambda i: stride[i]):
-        if stride[i] != expected:
+    for i in sorted(stored, key=lambda i: size_hint(stride[i])):  # symbolic: checked by expression below
+        if not same_sizes((stride[i],), (expected,)):
             return None
         expected *= shape[i]
     return Layout(shape, stride)
@@ -325,7 +336,7 @@ def _dense_in_eager_order(meta: Any, shape: tuple[int, ...]) -> Layout:
         return Layout.contiguous(shape)
     if any(st < 0 or (st == 0 and n != 1) for n, st in zip(shape, meta.stride())):
         return Layout.contiguous(shape)
-    order = sorted(range(len(shape)), key=lambda i: (-meta.stride(i), i))  # outermost first
+    order = sorted(range(len(shape)), key=lambda i: (-size_hint(meta.stride(i)), i))  # outermost first
     stride, expected = [0] * len(shape), 1
     for i in reversed(order):
         stride[i] = expected
@@ -418,7 +429,10 @@ def _output_views(ctx: LoweringContext, base: torch.fx.Node, members: list[torch
 
 def _replayed_view(views: list[torch.fx.Node], base: Layout) -> Layout | None:
     """The layout eager's view ops `views` give when applied in turn to a tensor laid out as
-    `base`, computed by running them on a meta tensor; None when an op takes a tensor argument."""
+    `base`, computed by running them on a meta tensor; None when an op takes a tensor argument,
+    or when `base` has symbolic sizes (a meta tensor takes numbers: the output is copied instead)."""
+    if not all(type(x) is int for x in (*base.size, *base.stride, base.offset)):
+        return None
     t = torch.empty(base.storage_size, device="meta").as_strided(base.size, base.stride, base.offset)
     for view in views:
         op = view.args[0] if view.target is operator.getitem else view  # a split, then its piece

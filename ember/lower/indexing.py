@@ -285,6 +285,8 @@ def lower_slice_scatter(ctx, node, base: TensorValue, src: TensorValue, dim: int
     """base with base[..., start:end:step, ...] = src: src where the position is in the slice."""
     shape, dtype = result(node)
     dim = normalized_dim(dim, base.ndim)
+    if any(isinstance(v, torch.SymInt) for v in (start, end, base.shape[dim])):  # Note: symbolic sizes
+        raise Unsupported("slice_scatter of symbolic bounds: aten's")
     begin, stop, step = slice(start, end, step).indices(base.shape[dim])
     length = len(range(begin, stop, step))
     if length == 0 or math.prod(shape) == 0:

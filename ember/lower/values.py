@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ember.ir import Buffer, Layout
+from ember.ir import Buffer, Layout, same_sizes
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import Ops, RangeKind, UOp, substitute
 
@@ -134,13 +134,13 @@ def unsqueeze(x: TensorValue, dim: int) -> TensorValue:
 
 def reshape(x: TensorValue, shape: tuple[int, ...]) -> TensorValue:
     """Row-major reshape: each old axis is recovered from the new position's flat index."""
-    if tuple(shape) == x.shape:
+    if same_sizes(tuple(shape), x.shape):
         return x
     if x.numel == 0:
         return TensorValue(tuple(shape), x.dtype, x.body)
     kept_new = [i for i, s in enumerate(shape) if s != 1]
     kept_old = [i for i, s in enumerate(x.shape) if s != 1]
-    if [shape[i] for i in kept_new] == [x.shape[i] for i in kept_old]:  # only size-1 dims move
+    if same_sizes(tuple(shape[i] for i in kept_new), tuple(x.shape[i] for i in kept_old)):  # only size-1 dims move
         old_axes = [const_index(0)] * x.ndim
         for new, old in zip(kept_new, kept_old):
             old_axes[old] = axis(new)
@@ -194,15 +194,42 @@ def reads_transposed(x: TensorValue) -> bool:
     return bool(loads)
 
 
+def symbolic_affine_coefficients(expr: UOp, dim_of: dict[UOp, int]) -> tuple[int, list] | None:
+    """affine_coefficients where strides are products of size variables (Note: symbolic sizes):
+    each addend is one dim's loop variable times a stride of size variables and constants."""
+    from collections import Counter
+
+    from ember.uop.symbolic_division import expanded_terms, factors, product
+
+    strides: list = [0] * len(dim_of)
+    offset = 0
+    for term in expanded_terms(expr):
+        constant, found = factors(term)
+        loops = [u for u in found if u in dim_of]
+        if not found:
+            offset += constant
+            continue
+        if len(loops) != 1 or found[loops[0]] != 1 or any(u.op is not Ops.DEFINE_VAR for u in found if u not in dim_of):
+            return None
+        rest = found - Counter({loops[0]: 1})
+        stride = product(constant, rest, term) if rest else constant
+        d = dim_of[loops[0]]
+        strides[d] = stride if type(strides[d]) is int and strides[d] == 0 else None
+        if strides[d] is None:
+            return None  # one dim in two addends: left to the static form
+    return offset, [s.arg if isinstance(s, UOp) and s.op is Ops.CONST else s for s in strides]
+
+
 def affine_coefficients(expr: UOp, shape: tuple[int, ...]) -> tuple[int, list[int]] | None:
     """(offset, strides) when `expr` is offset + sum(AXIS i * stride i), else None."""
     from ember.uop.symbolic import distributed_terms, simplify
 
     bounded = {axis(i): bounded_axis(i, size) for i, size in enumerate(shape)}
     dim_of = {r: i for i, r in enumerate(bounded.values())}
-    form = distributed_terms(simplify(substitute(expr, bounded)))
+    simplified = simplify(substitute(expr, bounded))
+    form = distributed_terms(simplified)
     if form is None:
-        return None
+        return symbolic_affine_coefficients(simplified, dim_of)
     terms, offset = form
     strides = [0] * len(shape)
     for term, k in terms.items():

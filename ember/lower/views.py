@@ -23,6 +23,7 @@ from ember.lower.values import (
 )
 from ember.uop.dtypes import dtypes, from_torch
 from ember.uop.ops import Ops, UOp
+from ember.uop.variables import index_size
 
 aten = torch.ops.aten
 
@@ -60,7 +61,22 @@ def lower_expand(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, size
 def lower_slice(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dim=0, start=None, end=None, step=1):
     if x.ndim == 0:
         raise Unsupported("slice of a 0-d tensor")
-    return slice_dim(x, _dim(dim, x.ndim), start, end, step)
+    d = _dim(dim, x.ndim)
+    if any(isinstance(v, torch.SymInt) for v in (start, end, x.shape[d])):  # Note: symbolic sizes
+        return symbolic_slice(x, d, start, step, out_meta(node).shape[d])
+    return slice_dim(x, d, start, end, step)
+
+
+def symbolic_slice(x: TensorValue, dim: int, start, step: int, length) -> TensorValue:
+    """x[..., start::step, ...] of `length` (the meta's, clamped as eager clamps) where a size or a
+    bound is symbolic: a start known non-negative (Python's clamping of a negative one would need
+    the size's value), else aten's slice."""
+    start = index_size(0 if start is None else start)
+    if (start if isinstance(start, int) else start.vmin) < 0:
+        raise Unsupported("a negative slice start of a symbolic size")
+    old_axes = [axis(i) for i in range(x.ndim)]
+    old_axes[dim] = axis(dim) * step + start
+    return x.reindex(x.shape[:dim] + (length,) + x.shape[dim + 1 :], old_axes)
 
 
 @register(aten.select.int)

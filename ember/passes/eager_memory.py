@@ -18,6 +18,8 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten
 
+from ember.uop.variables import size_hint
+
 # GraphModule.meta key, set by the frontend on forward and inference graphs: the caller holds every
 # input through the call (the module its parameters, the user's frame its arguments), so none dies
 # in it. A backward's inputs are the forward's saved tensors, which AOTAutograd hands over and which
@@ -89,4 +91,5 @@ def _result_bytes(node: torch.fx.Node) -> int:
     if node.op not in ("call_function", "placeholder"):
         return 0
     values, _ = tree_flatten(node.meta.get("val"))
-    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+    # at the example's sizes where they are symbolic: headroom is an estimate (Note: symbolic sizes)
+    return sum(size_hint(v.numel()) * v.element_size() for v in values if isinstance(v, torch.Tensor))

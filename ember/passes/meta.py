@@ -16,6 +16,8 @@ import torch.fx
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from ember.ir import same_sizes
+
 
 def fake_value(node: torch.fx.Node) -> Any:
     metas = [n.meta.get("val") for n in node.all_input_nodes]
@@ -63,17 +65,19 @@ def _same_layouts(a: Any, b: Any) -> bool:
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(_same_layouts(x, y) for x, y in zip(a, b))
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return same_layout(a, b) and a.storage_offset() == b.storage_offset()
+        return same_layout(a, b) and same_sizes((a.storage_offset(),), (b.storage_offset(),))
     return True
 
 
 def same_layout(a: Any, b: Any) -> bool:
-    """Same shape, dtype, device and strides (a value can stand in for the other)."""
+    """Same shape, dtype, device and strides (a value can stand in for the other); a symbolic size
+    equals only the same expression (Note: symbolic sizes)."""
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return False
-    return (a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device) and _strides(a) == _strides(b)
+    return (a.dtype, a.device) == (b.dtype, b.device) and same_sizes(tuple(a.shape), tuple(b.shape)) and \
+        same_sizes(_strides(a), _strides(b))  # fmt: skip
 
 
 def _strides(t: torch.Tensor) -> tuple[int, ...]:
     """Strides that matter: a dim of size 1 may have any stride."""
-    return tuple(s for s, n in zip(t.stride(), t.shape) if n != 1)
+    return tuple(s for s, n in zip(t.stride(), t.shape) if not (type(n) is int and n == 1))

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ember.ir import same_sizes
 from ember.passes import meta
 from ember.passes.eager_memory import headroom_bytes
 from ember.passes.matcher import FxPat, FxPatternMatcher
@@ -157,16 +158,21 @@ def _linear_pays(node: torch.fx.Node, x: Any, weight: Any, b: Any, out_dim: int)
     if b is not None and (not _cpu_float32(b) or b.meta["val"].shape != (out_features,)):
         return False
     in_features = weight.meta["val"].shape[1 - out_dim]
-    if node.meta["val"].numel() * in_features < max(LINEAR_MIN_MACS, 1):
-        return False
     if not _row_major(x.meta["val"], in_features):
         return False  # oneDNN copies the whole input first; aten's BLAS reads it in place
+    if any(isinstance(s, torch.SymInt) for s in (*node.meta["val"].shape, in_features)):
+        # Note: symbolic sizes. The size thresholds below, taken at the example's sizes, would
+        # decide every shape by the first (a graph compiled at a few rows serves thousands):
+        # a symbolic linear takes oneDNN, whose fixed cost matters only at the smallest sizes
+        return True
+    if node.meta["val"].numel() * in_features < max(LINEAR_MIN_MACS, 1):
+        return False
     scratchpad = linear_scratchpad_bytes(x.meta["val"], in_features, torch.get_num_threads())
     return scratchpad <= node.meta.get(HEADROOM, 0)
 
 
 def _row_major(x: torch.Tensor, in_features: int) -> bool:
-    return x.dim() == 2 and x.stride(1) == 1 and x.stride(0) == in_features
+    return x.dim() == 2 and same_sizes((x.stride(1), x.stride(0)), (1, in_features))
 
 
 def linear_post_op(graph: torch.fx.Graph, node: torch.fx.Node, lin: torch.fx.Node) -> torch.fx.Node | None:

@@ -24,6 +24,7 @@ class RenderedKernel:
     tiled: bool = False  # C++: its loops are 2-D tiles (Note: 2-D tiles, codegen/tiling.py)
     search: Any = None  # C++ with config.kernel_search: a SearchPlan (compile_search.py)
     reduce_loops: int = 0  # C++: reduce loops it opens (codegen/shared_loops.py reduce_loop_count)
+    variables: tuple[str, ...] = ()  # size variables it takes after its buffers (Note: symbolic sizes)
 
 
 def kernel_params(uops: Iterable[UOp], written: frozenset[str]) -> list[tuple[str, DType, bool]]:
@@ -32,6 +33,32 @@ def kernel_params(uops: Iterable[UOp], written: frozenset[str]) -> list[tuple[st
     buffers = {s.arg.name: s for u in uops for s in (u, *u.src) if s.op is Ops.BUFFER}
     ordered = sorted(buffers.values(), key=lambda b: int(b.arg.name[1:]))
     return [(b.arg.name, b.dtype, b.arg.name in written) for b in ordered]
+
+
+def kernel_variables(uops: Iterable[UOp]) -> tuple[str, ...]:
+    """The size variables (DEFINE_VARs) a kernel reads, by name: its parameters after its buffers
+    (Note: symbolic sizes, uop/variables.py)."""
+    found = {s.arg.name for u in uops for s in (u, *u.src) if s.op is Ops.DEFINE_VAR}
+    found |= {v.arg.name for u in uops if u.op is Ops.RANGE for v in u.src[0].toposort if v.op is Ops.DEFINE_VAR}
+    return tuple(sorted(found))
+
+
+_C_BINARY = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%"}
+
+
+def size_expression(u: UOp) -> str:
+    """C (and Triton) source of an index expression of constants and size variables: a loop's
+    bound (Note: symbolic sizes). Sizes are never negative, so C's division is Python's."""
+    if u.op is Ops.CONST:
+        return str(u.arg)
+    if u.op is Ops.DEFINE_VAR:
+        return u.arg.name
+    if u.op in _C_BINARY:
+        return f"({size_expression(u.src[0])} {_C_BINARY[u.op]} {size_expression(u.src[1])})"
+    if u.op in (Ops.MAX, Ops.MIN):
+        a, b = size_expression(u.src[0]), size_expression(u.src[1])
+        return f"({a} {'>' if u.op is Ops.MAX else '<'} {b} ? {a} : {b})"
+    raise ValueError(f"size expression {u} has no C form")
 
 
 def kernel_errors(uops: Iterable[UOp]) -> list[CheckArg]:

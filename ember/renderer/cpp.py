@@ -23,7 +23,7 @@ import math
 import re
 from collections.abc import Callable
 
-from ember.codegen.tiling import is_tile_loop, trip_count
+from ember.codegen.tiling import is_element_loop, is_tile_loop, trip_count
 from ember.renderer.choices import (
     DEFAULT_CHOICES,
     KernelChoices,
@@ -32,7 +32,7 @@ from ember.renderer.choices import (
     parallel_clauses,
     runs_parallel,
 )
-from ember.renderer.common import RenderedKernel, kernel_errors, kernel_params
+from ember.renderer.common import RenderedKernel, kernel_errors, kernel_params, kernel_variables, size_expression
 from ember.renderer.tiles import loop_lines
 from ember.renderer.vector_math import vector_math_call, vector_math_prelude
 from ember.uop.dtypes import LOW_PRECISION, DType, bits_of, dtypes
@@ -269,6 +269,8 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
     program = nest_perfectly(program) if choices.collapse else program
     params = kernel_params(program, written)
     signature = ", ".join(f"{'' if w else 'const '}{d.ctype}* __restrict__ {n}" for n, d, w in params)
+    variables = kernel_variables(program)  # Note: symbolic sizes
+    signature += "".join(f", const int64_t {v}" for v in variables)
     errors = kernel_errors(program)
     if errors:  # Note: kernel errors
         signature += ", int64_t* ember_error"
@@ -283,7 +285,8 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
     declarations = simd_declarations(simd_math, code) + cos_alias_declarations(body, simd_math) + declarations
     source = f'{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n{body}}}\n'
     source = file_pragmas(choices) + source
-    return RenderedKernel(name, source, params, errors, tiled=any(is_tile_loop(u) for u in program))
+    tiled = any(is_tile_loop(u) for u in program)
+    return RenderedKernel(name, source, params, errors, tiled=tiled, variables=variables)
 
 
 LIBM_TYPES = (("float", "f"), ("double", ""))  # (C type, libm suffix)
@@ -361,6 +364,8 @@ def loop_pragma(program: list[UOp], start: int, outermost: bool, parallel_thresh
     clauses = [f"reduction({_clause_op(acc)}:{_acc_section(acc)})" for acc in updated]
     if parallel:
         clauses = parallel_clauses(choices, program, start, carries=bool(updated)) + clauses
+        if (symbolic := _symbolic_work(program, loop, choices.tile)) is not None:  # decided at run time
+            clauses.append(f"if({symbolic} >= {parallel_threshold})")
     return "#pragma omp " + " ".join(words + clauses)
 
 
@@ -386,7 +391,7 @@ def _render_body(program: list[UOp], parallel_threshold: int, errors: list[Check
     def ref(u: UOp) -> str:
         if u.op is Ops.CONST:
             return render_const(u.arg, u.dtype)
-        if u.op is Ops.RANGE:
+        if u.op in (Ops.RANGE, Ops.DEFINE_VAR):
             return u.arg.name
         return names[u]
 
@@ -497,6 +502,37 @@ def _combine_expression(combine: Ops, dtype: DType, a: str, b: str) -> str:
 
 def _combine(op: Ops, dtype: DType, acc: str, value: str) -> str:
     return _COMBINE[op](dtype.ctype, acc, value)
+
+
+def _symbolic_work(program: list[UOp], outer: UOp, tile: int = 0) -> str | None:
+    """C for the iterations of the loop nest under `outer` when a loop of it has a symbolic size
+    (Note: symbolic sizes), whose `_work` counts it at its upper bound; None when all are static."""
+    nest, depth, inside = [], 0, False
+    for u in program:
+        if u is outer:
+            inside = True
+        if not inside:
+            continue
+        if u.op is Ops.RANGE:
+            depth += 1
+            nest.append(u)
+        elif u.op is Ops.ENDRANGE:
+            depth -= 1
+            if depth == 0:
+                break
+    if all(r.src[0].op is Ops.CONST for r in nest):
+        return None
+    return "(" + " * ".join(_trip_count_expression(r, tile) for r in nest) + ")"
+
+
+def _trip_count_expression(r: UOp, tile: int) -> str:
+    """C for `trip_count(r, tile)` where r's size may be symbolic."""
+    if r.src[0].op is Ops.CONST or is_element_loop(r):  # an element loop: a full tile's
+        return str(trip_count(r, tile))
+    if is_tile_loop(r):
+        step = tile or r.arg.tile
+        return f"(({size_expression(r.src[0])} + {step - 1}) / {step})"
+    return size_expression(r.src[0])
 
 
 def _work(program: list[UOp], outer: UOp, tile: int = 0) -> int:

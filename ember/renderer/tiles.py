@@ -9,13 +9,14 @@ so `omp simd` and `parallel for` see loops in OpenMP's canonical form.
 from __future__ import annotations
 
 from ember.codegen.tiling import is_element_loop, is_tile_loop
+from ember.renderer.common import size_expression
 from ember.uop.ops import UOp
 
 
 def loop_lines(loop: UOp, tile: int = 0) -> tuple[list[str], str]:
     """(lines before the loop's pragma, its `for` line) for any RANGE; `tile` overrides the
     tile size the codegen chose (KernelChoices.tile)."""
-    var, size = loop.arg.name, loop.src[0].arg
+    var, size = loop.arg.name, size_expression(loop.src[0])  # a constant, or symbolic (Note: symbolic sizes)
     if is_tile_loop(loop):
         return [], f"for (int64_t {var} = 0; {var} < {size}; {var} += {tile or loop.arg.tile}) {{"
     if is_element_loop(loop):

@@ -39,7 +39,21 @@ class GraphSummary:
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], config_key: str, identity: str) -> str:
     """`identity`: what the graph depends on besides itself and the config (cache_identity.py)."""
     inputs = [_input_description(x) for x in example_inputs]
-    return content_hash(gm.code, repr(inputs), _constants_digest(gm), config_key, identity)
+    return content_hash(gm.code, repr(inputs), _symbol_ranges(example_inputs), _constants_digest(gm), config_key,
+                        identity)  # fmt: skip
+
+
+def _symbol_ranges(example_inputs: list[Any]) -> str:
+    """The bounds of the size symbols a symbolic graph's inputs hold (Note: symbolic sizes): its
+    kernels' index math is simplified with them, so they are part of what it was compiled for."""
+    ranges = {}
+    for x in example_inputs:
+        sizes = (*x.shape, *x.stride()) if isinstance(x, torch.Tensor) else (x,)
+        for s in sizes:
+            if isinstance(s, torch.SymInt) and s.node.shape_env is not None:
+                for symbol in s.node.expr.free_symbols:
+                    ranges[str(symbol)] = str(s.node.shape_env.var_to_range.get(symbol))
+    return repr(sorted(ranges.items()))
 
 
 def _input_description(x: Any) -> Any:

@@ -22,6 +22,7 @@ from ember.schedule.memory import last_use_positions
 from ember.schedule.nodes import SchedulerNode, build_nodes, mutated_buffers
 from ember.schedule.order import ScheduleWork
 from ember.uop.ops import Ops, UOp
+from ember.uop.variables import size_hint
 
 
 @dataclass
@@ -60,8 +61,9 @@ def schedule(graph: LoweredGraph, fusion: bool = True, blocks: bool = False) -> 
     nodes = eliminate_dead(build_nodes(graph), graph)
     # an input stored in place is written like an output, and allocates nothing
     outputs = {o.ref.name for o in graph.outputs if o.ref is not None} | set(graph.mutated_inputs)
-    nbytes = {c.name: c.buffer.layout.storage_size * c.buffer.dtype.itemsize if c.buffer.kind != "input" else 0
-              for c in _computed(nodes)}  # fmt: skip
+    # bytes at the example's sizes where they are symbolic: scores and peaks are estimates (Note: symbolic sizes)
+    nbytes = {c.name: size_hint(c.buffer.layout.storage_size) * c.buffer.dtype.itemsize if c.buffer.kind != "input"
+              else 0 for c in _computed(nodes)}  # fmt: skip
     state = FusionState([Group([n]) for n in nodes], outputs, nbytes, blocks)  # the program order is topological
     if fusion:
         state = fuse(state)

@@ -16,12 +16,16 @@ from ember.ir import ComputedBuffer, Layout
 from ember.lower.values import axis
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import Ops, RangeKind, UOp, substitute
-from ember.uop.symbolic import distributed_terms, linear_terms, simplify
+from ember.uop.symbolic import addends, distributed_terms, linear_terms, simplify
+from ember.uop.symbolic_division import below, exact_quotient, factors
+from ember.uop.variables import index_size
 
 
 def align(sizes: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[list[int]]] | None:
     """The group's loop sizes and, per member, the group dim of each of its dims; None
-    when the iteration spaces cannot share loops (a dim of one size against another)."""
+    when the iteration spaces cannot share loops (a dim of one size against another). A
+    symbolic size (Note: symbolic sizes) matches only the same expression, and is never 1."""
+    sizes = [tuple(index_size(s) for s in size) for size in sizes]
     group = list(max(sizes, key=len))
     if any(0 in size for size in sizes) and len(set(sizes)) > 1:
         return None  # an empty member has no iterations to share
@@ -30,7 +34,7 @@ def align(sizes: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[list[int]
         for start in dict.fromkeys((0, len(group) - len(size))):  # left-aligned, then right-aligned
             if all(s in (1, group[start + i]) or group[start + i] == 1 for i, s in enumerate(size)):
                 for i, s in enumerate(size):
-                    group[start + i] = max(group[start + i], s)
+                    group[start + i] = s if group[start + i] == 1 else group[start + i]
                 placements.append([start + i for i in range(len(size))])
                 break
         else:
@@ -42,16 +46,23 @@ def recomputed_member(sizes: list[tuple[int, ...]], alignment: tuple) -> int | N
     """The first member whose loops are not the group's outer loops: the linearizer would
     place it inside a loop it does not use and compute every element again per iteration."""
     group, placements = alignment
-    loop_dims = [d for d, s in enumerate(group) if s > 1]
+    loop_dims = [d for d, s in enumerate(group) if is_loop(s)]
     for member, (size, placement) in enumerate(zip(sizes, placements)):
-        used = sorted(placement[i] for i, s in enumerate(size) if s > 1)
+        used = sorted(placement[i] for i, s in enumerate(size) if is_loop(index_size(s)))
         if used != loop_dims[: len(used)]:
             return member
     return None
 
 
+def is_loop(size: int | UOp) -> bool:
+    """More than one iteration, or symbolic (Note: symbolic sizes)."""
+    return size > 1 if type(size) is int else True
+
+
 def axis_exprs(index: UOp, layout: Layout) -> list[UOp] | None:
     """Per-axis expressions whose position in `layout` is `index`, or None (see the Note)."""
+    if not all(type(x) is int for x in (*layout.size, *layout.stride, layout.offset)):
+        return symbolic_axis_exprs(simplify(index), layout)
     index = simplify(index)
     terms, offset = linear_terms(index)
     exprs: list[UOp] = [UOp.const(dtypes.index, 0)] * len(layout.size)
@@ -73,6 +84,42 @@ def axis_exprs(index: UOp, layout: Layout) -> list[UOp] | None:
     if simplify(layout.index(exprs)) is not index:
         return None
     return exprs
+
+
+def symbolic_axis_exprs(index: UOp, layout: Layout) -> list[UOp] | None:
+    """axis_exprs for a layout with symbolic sizes (Note: symbolic sizes): each addend of the index
+    goes to the dim whose stride divides it, the largest strides first; the result is checked
+    by rebuilding the index, as the static one is."""
+    strides = [index_size(st) for st in layout.stride]
+    sizes = [index_size(sz) for sz in layout.size]
+    if index_size(layout.offset) != 0:
+        return None
+    dims = [d for d in range(len(sizes)) if not (type(sizes[d]) is int and sizes[d] == 1)]
+    dims.sort(key=lambda d: _stride_rank(strides[d]), reverse=True)
+    exprs: list[UOp] = [UOp.const(dtypes.index, 0)] * len(sizes)
+    for term in addends(index):
+        for d in dims:
+            if (q := exact_quotient(term, _as_index(strides[d]))) is not None:
+                exprs[d] = exprs[d] + q
+                break
+        else:
+            return None
+    exprs = [simplify(e) for e in exprs]
+    if any(not below(e, _as_index(size)) for e, size in zip(exprs, sizes)):
+        return None
+    if simplify(layout.index(exprs)) is not index:
+        return None
+    return exprs
+
+
+def _stride_rank(stride: int | UOp) -> tuple[int, int]:
+    """Larger for a stride that more others divide: more size variables, then a larger constant."""
+    constant, found = factors(_as_index(stride))
+    return (sum(found.values()), constant)
+
+
+def _as_index(x: int | UOp) -> UOp:
+    return x if isinstance(x, UOp) else UOp.const(dtypes.index, x)
 
 
 def resolve_bodies(group: list[ComputedBuffer]) -> dict[str, UOp] | str:

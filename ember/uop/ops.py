@@ -126,6 +126,8 @@ class Ops(enum.Enum):
     BLOCK_SCAN = enum.auto()  # src: (block,); the running combination along the r axis; arg: the combining Ops
     PHILOX4 = enum.auto()  # src: (seed, offset, position); the four uint32 words of one Philox4x32-10 call
     WORD = enum.auto()  # src: (PHILOX4,); word `arg` (0..3) of it
+    # (last: an op's number is part of kernel hashes through reprs of Ops args; appending keeps them)
+    DEFINE_VAR = enum.auto()  # a size known only at run time, a kernel argument; arg: VarArg (Note: symbolic sizes)
 
 
 MATH_UNARY_OPS = frozenset({Ops.ACOSH, Ops.ASINH, Ops.ATANH, Ops.ERFC, Ops.LGAMMA, Ops.SIGNBIT})
@@ -150,10 +152,20 @@ ALU_OPS = UNARY_OPS | BINARY_OPS | {Ops.WHERE, Ops.MULACC, Ops.CAST}
 
 @dataclass(frozen=True)
 class BufferArg:
-    """A kernel parameter: `name` is the wrapper's buffer name, `size` its element count."""
+    """A kernel parameter: `name` is the wrapper's buffer name, `size` its element count
+    (a UOp of size variables when it is symbolic: Note: symbolic sizes, uop/variables.py)."""
 
     name: str
-    size: int
+    size: int | UOp
+
+
+@dataclass(frozen=True)
+class VarArg:
+    """A DEFINE_VAR: a size variable (torch's symbol `name`) and the bounds it is known to keep."""
+
+    name: str
+    vmin: int
+    vmax: int
 
 
 class RangeKind(enum.Enum):
@@ -309,10 +321,15 @@ class UOp(metaclass=_UOpMeta):
     # ---- construction helpers -------------------------------------------------------
     @staticmethod
     def const(dtype: DType, value: Any) -> UOp:
+        if type(value) not in _NUMBERS:  # a symbolic size (Note: symbolic sizes), or a numpy/torch scalar
+            if isinstance(value, UOp):
+                return value.cast(dtype)
+            if (size := _symbolic_size(value)) is not None:
+                return size.cast(dtype)
         return UOp(Ops.CONST, dtype, (), normalize_const(dtype, value))
 
     @staticmethod
-    def range(size: int, order: int, kind: RangeKind = RangeKind.LOOP) -> UOp:
+    def range(size: int | UOp, order: int, kind: RangeKind = RangeKind.LOOP) -> UOp:
         return UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, size),), RangeArg(kind, order))
 
     def const_like(self, value: Any) -> UOp:
@@ -330,6 +347,11 @@ class UOp(metaclass=_UOpMeta):
 
     def _lift(self, other: UOp | int | float) -> UOp:
         return other if isinstance(other, UOp) else self.const_like(other)
+
+    @property
+    def static_size(self) -> int | None:
+        """A size UOp's value when it is a constant; None when it is symbolic."""
+        return self.arg if self.op is Ops.CONST else None
 
     def __add__(self, other):
         return self.alu(Ops.ADD, self._lift(other))
@@ -395,6 +417,11 @@ class UOp(metaclass=_UOpMeta):
         return self._bottom_up("_key", _content_key)
 
     @property
+    def has_variables(self) -> bool:
+        """Whether a size variable (DEFINE_VAR) is among this UOp's sources (Note: symbolic sizes)."""
+        return self._bottom_up("_variables", lambda u: u.op is Ops.DEFINE_VAR or any(s.has_variables for s in u.src))
+
+    @property
     def vmin(self) -> int | float:
         return self._bottom_up("_bounds", bounds)[0]
 
@@ -409,6 +436,16 @@ class UOp(metaclass=_UOpMeta):
                 if slot not in u.__dict__:
                     u.__dict__[slot] = compute(u)
         return self.__dict__[slot]
+
+
+_NUMBERS = (int, float, bool)
+
+
+def _symbolic_size(value: Any) -> UOp | None:
+    """torch's SymInt as a UOp of size variables (Note: symbolic sizes); None for other values."""
+    from ember.uop.variables import symbolic_size
+
+    return symbolic_size(value)
 
 
 def normalize_const(dtype: DType, value: Any) -> Any:
@@ -433,7 +470,9 @@ def bounds(u: UOp) -> tuple[int | float, int | float]:
     if u.op is Ops.CONST:
         return (u.arg, u.arg)
     if u.op is Ops.RANGE:
-        return (0, u.src[0].arg - 1)
+        return (0, u.src[0].vmax - 1)
+    if u.op is Ops.DEFINE_VAR:
+        return (u.arg.vmin, u.arg.vmax)
     if u.op is Ops.AXIS:
         return (0, dtypes.index.max)
     s = [(x.vmin, x.vmax) for x in u.src]
@@ -479,7 +518,7 @@ def pretty(u: UOp, depth: int = 6) -> str:
         return u.arg.name
     if u.op is Ops.AXIS:
         return f"ax{u.arg}"
-    if u.op is Ops.BUFFER:
+    if u.op in (Ops.BUFFER, Ops.DEFINE_VAR):
         return u.arg.name
     if depth == 0:
         return f"{u.op.name}(…)"

@@ -39,6 +39,7 @@ from ember.uop.ops import (
     RangeKind,
     ScatterArg,
     UOp,
+    VarArg,
 )
 
 
@@ -161,11 +162,25 @@ def _range(u: UOp) -> str | None:
     if u.arg.kind is RangeKind.BOUNDED:
         return "a BOUNDED range (an analysis placeholder) reached a kernel"
     size = u.src[0] if u.src else None
-    if size is None or size.op is not Ops.CONST or not isinstance(size.arg, int) or size.arg < 0:
-        return "source 0 must be its size, a non-negative CONST"
+    if size is None or size.dtype is not dtypes.index or size.vmin < 0 or not _size_expression(size):
+        return "source 0 must be its size: a non-negative index of CONSTs and DEFINE_VARs"
     if len(u.src) == 2 and (u.src[1].op is not Ops.RANGE or u.src[1].arg.kind is not RangeKind.TILE):
         return "an element loop's source 1 must be its TILE range"
     return "takes (size,) or (size, tile loop)" if len(u.src) > 2 else None
+
+
+def _size_expression(size: UOp) -> bool:
+    """A constant, or index math over size variables (Note: symbolic sizes, uop/variables.py)."""
+    return all(x.op in SIZE_OPS for x in size.toposort)
+
+
+SIZE_OPS = frozenset({Ops.CONST, Ops.DEFINE_VAR, Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN})
+
+
+def _define_var(u: UOp) -> str | None:
+    if u.src or u.dtype is not dtypes.index or not isinstance(u.arg, VarArg) or not 0 <= u.arg.vmin <= u.arg.vmax:
+        return "must be an index with no sources and arg VarArg (0 <= vmin <= vmax)"
+    return None
 
 
 def _const(u: UOp) -> str | None:
@@ -261,7 +276,7 @@ def _alu(u: UOp) -> str | None:
 
 SPEC: dict[Ops, Rule] = {
     Ops.SINK: _sink, Ops.BUFFER: _buffer, Ops.INDEX: _index, Ops.LOAD: _load, Ops.STORE: _store,
-    Ops.RANGE: _range, Ops.CONST: _const, Ops.REDUCE: _reduce, Ops.SCAN: _scan,
+    Ops.RANGE: _range, Ops.CONST: _const, Ops.DEFINE_VAR: _define_var, Ops.REDUCE: _reduce, Ops.SCAN: _scan,
     Ops.DEFINE_ACC: _define_acc, Ops.ACC_UPDATE: _acc_update, Ops.ACC_READ: _acc_read, Ops.ACC_RUNNING: _acc_read,
     Ops.CHECK: _check, Ops.PHILOX: _philox, Ops.BITCAST: _bitcast,
 }  # fmt: skip

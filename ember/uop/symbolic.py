@@ -25,6 +25,7 @@ from collections.abc import Callable
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import Ops, UOp
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from ember.uop.symbolic_division import addends, pm_symbolic_division, sum_of
 
 INTS: tuple[DType, ...] = tuple(d for d in vars(dtypes).values() if isinstance(d, DType) and d.is_int)
 BOUNDED_INTS: tuple[DType, ...] = tuple(d for d in INTS if d.kind in ("int", "index"))
@@ -205,18 +206,6 @@ pm_comparisons = PatternMatcher(
 # ---- division and remainder ----------------------------------------------------------------
 
 
-def addends(u: UOp) -> list[UOp]:
-    """The terms of a tree of ADDs, left to right (without recursion: index sums can be long)."""
-    terms, stack = [], [u]
-    while stack:
-        top = stack.pop()
-        if top.op is Ops.ADD:
-            stack += [top.src[1], top.src[0]]
-        else:
-            terms.append(top)
-    return terms
-
-
 def linear_terms(index: UOp) -> tuple[list[tuple[UOp, int]], int]:
     """`index` as sum(term * coefficient) + offset: its addends split into a non-constant
     term and a constant multiplier, and the constant addends summed."""
@@ -255,11 +244,6 @@ def distributed_terms(index: UOp, opaque: bool = False) -> tuple[dict[UOp, int],
     if not add(index, 1):
         return None
     return {u: k for u, k in coefficients.items() if k != 0}, offset
-
-
-def sum_of(terms: list[UOp], like: UOp) -> UOp:
-    """terms[0] + terms[1] + ..., or a 0 of `like`'s dtype when there are none."""
-    return functools.reduce(operator.add, terms) if terms else like.const_like(0)
 
 
 def coefficient(term: UOp) -> tuple[UOp | None, int]:
@@ -435,7 +419,7 @@ pm_division = PatternMatcher(
     ]
 )
 
-pm_symbolic = pm_constant_folding + pm_identities + pm_comparisons + pm_division
+pm_symbolic = pm_constant_folding + pm_identities + pm_comparisons + pm_division + pm_symbolic_division
 
 
 # Identical layers ask to simplify the very same (interned) index expressions again and again:

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 
 from ember.ir import Buffer, BufferRef, Layout
 from ember.uop.dtypes import to_torch
+from ember.uop.variables import size_source as S
 
 
 def tensor_expr(ref: BufferRef, own_layout: Layout) -> str:
     """Python for the tensor `ref` names: the buffer itself, or a view of it."""
     if ref.layout == own_layout:
         return ref.name
-    return f"as_strided({ref.name}, {ref.layout.size}, {ref.layout.stride}, {ref.layout.offset})"
+    return f"as_strided({ref.name}, {S(ref.layout.size)}, {S(ref.layout.stride)}, {S(ref.layout.offset)})"
 
 
 @dataclass
@@ -25,7 +26,18 @@ class AssertInput:
 
     def render(self) -> str:
         b = self.buffer
-        return f"assert_layout({b.name}, {b.layout.size}, {b.layout.stride}, {to_torch(b.dtype)}, {b.name!r})"
+        return f"assert_layout({b.name}, {S(b.layout.size)}, {S(b.layout.stride)}, {to_torch(b.dtype)}, {b.name!r})"
+
+
+@dataclass
+class BindSize:
+    """A size variable bound from the call's arguments (Note: symbolic sizes, uop/variables.py)."""
+
+    name: str
+    source: str  # Python reading it: a size argument, `x.shape[d]`, `x.stride(d)`
+
+    def render(self) -> str:
+        return f"{self.name} = {self.source}"
 
 
 @dataclass
@@ -47,12 +59,12 @@ class Allocate:
 
     def render(self) -> str:
         b = self.buffer
-        size = b.layout.size
+        size, stride = S(b.layout.size), S(b.layout.stride)
         if self.large:
-            nbytes = b.layout.storage_size * b.dtype.itemsize
-            return (f"{b.name} = empty_large({size}, {b.layout.stride}, {to_torch(b.dtype)}, {nbytes}, "
+            nbytes = S(b.layout.storage_size * b.dtype.itemsize)
+            return (f"{b.name} = empty_large({size}, {stride}, {to_torch(b.dtype)}, {nbytes}, "
                     f"huge_pages={self.huge_pages}, pool_bytes={self.pool_bytes})")  # fmt: skip
-        return f"{b.name} = empty_strided({size}, {b.layout.stride}, dtype={to_torch(b.dtype)}, device=_device)"
+        return f"{b.name} = empty_strided({size}, {stride}, dtype={to_torch(b.dtype)}, device=_device)"
 
 
 @dataclass
@@ -90,12 +102,14 @@ class KernelCall:
     triton: bool = False  # a Triton launcher: called with the tensors themselves
     error_slot: int | None = None  # a Triton kernel that can fail: its slot in the device error flags
     label: str = ""  # the profiler's name for this call (Note: profiler ranges, python.py)
+    variables: tuple[str, ...] = ()  # size variables the kernel takes after its buffers (Note: symbolic sizes)
 
     def render(self) -> str:
         if self.triton:
             flag = [f"_gpu_errors.slot({self.error_slot})"] if self.error_slot is not None else []
             return f"{self.kernel}({', '.join(self.args + flag)})"
-        pointers = [f"{a}.data_ptr()" for a in self.args] + (["_error.address"] if self.can_fail else [])
+        pointers = [f"{a}.data_ptr()" for a in self.args] + list(self.variables)
+        pointers += ["_error.address"] if self.can_fail else []
         call = f"{self.kernel}({', '.join(pointers)})"
         return f"{call}; _error.check({self.kernel}_errors)" if self.can_fail else call
 
@@ -115,7 +129,7 @@ class ExternCall:
             call = f"{self.target}({self.call_args})"
             if self.as_is:
                 return f"{out.name} = {call}"
-            return f"{out.name} = ensure_layout({call}, {out.layout.size}, {out.layout.stride})"
+            return f"{out.name} = ensure_layout({call}, {S(out.layout.size)}, {S(out.layout.stride)})"
         tmp = f"{self.outputs[0].name}_result" if self.outputs else "_"
         return f"{tmp} = tree_leaves({self.target}({self.call_args}))"
 
@@ -131,7 +145,7 @@ class Unpack:
         b = self.buffer
         if self.as_is:
             return f"{b.name} = {self.source}[{self.position}]"
-        return f"{b.name} = ensure_layout({self.source}[{self.position}], {b.layout.size}, {b.layout.stride})"
+        return f"{b.name} = ensure_layout({self.source}[{self.position}], {S(b.layout.size)}, {S(b.layout.stride)})"
 
 
 @dataclass
@@ -155,7 +169,7 @@ class Reuse:
         if self.old.layout == self.new.layout:
             view = self.old.name
         else:
-            view = f"as_strided({self.old.name}, {self.new.layout.size}, {self.new.layout.stride})"
+            view = f"as_strided({self.old.name}, {S(self.new.layout.size)}, {S(self.new.layout.stride)})"
         return f"{self.new.name} = {view}; del {self.old.name}  # reuse"
 
 
@@ -210,6 +224,7 @@ class Return:
 
 Line = (
     AssertInput
+    | BindSize
     | DrawSeed
     | SetRandomOffset
     | Allocate

@@ -21,11 +21,14 @@ Note: the peak with dying inputs
 from __future__ import annotations
 
 from ember.schedule.ranges import RangeMax
+from ember.uop.variables import index_size, size_hint
 from ember.wrapper import lines as L
 
 
 def nbytes(buffer) -> int:
-    return buffer.layout.storage_size * buffer.dtype.itemsize
+    """Bytes of a buffer; of a symbolic one, at the sizes the graph was compiled with (an estimate
+    for the peak, never a reason to reuse: Note: symbolic sizes)."""
+    return size_hint(buffer.layout.storage_size) * buffer.dtype.itemsize
 
 
 def live_bytes(lines: list, inputs_die: bool = False) -> list[int]:
@@ -86,7 +89,7 @@ def plan_memory(lines: list) -> tuple[list, int]:
 
 
 def _key(buffer) -> tuple:
-    return (buffer.dtype, nbytes(buffer))
+    return (buffer.dtype, index_size(buffer.layout.storage_size))  # a symbolic size: the same expression
 
 
 def _reusable(buffer) -> bool:

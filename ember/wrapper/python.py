@@ -22,6 +22,8 @@ from ember.ir import BufferRef, Communication, ExternCall, IndexedStore, Lowered
 from ember.runtime.cache import content_hash, entry_path, open_root, write_if_different
 from ember.runtime.memory import HUGE_PAGE_MIN_BYTES
 from ember.schedule import KernelStep, Step, graph_last_uses, last_uses, reads_of, writes_of
+from ember.uop.ops import Ops
+from ember.uop.variables import SymbolicSizeError, size_source, symbolic_size
 from ember.wrapper import lines as L
 from ember.wrapper.plan import nbytes, plan_memory
 
@@ -49,6 +51,7 @@ class KernelBinary:
     triton: dict | None = None  # a Triton kernel: the launcher's arguments (runtime/triton.py)
     search: dict | None = None  # a C++ kernel's candidates, searched at the first call (runtime/search.py)
     sha256: str = ""  # of the file at `path`, checked before it is loaded (Note: cache safety)
+    variables: tuple[str, ...] = ()  # size variables it takes after its buffers (Note: symbolic sizes)
 
 
 @dataclass
@@ -80,7 +83,8 @@ def generate_wrapper(
     objects: list[Any] = []
     gpu_errors: list[list[tuple[str, str]]] = []
     buffers = {b.name: b for b in graph.buffers.values() if b.kind in ("input", "constant", "seed", "random_offset")}
-    body: list[L.Line] = [L.AssertInput(b) for b in graph.inputs]
+    body: list[L.Line] = size_bindings(graph, kernels)
+    body += [L.AssertInput(b) for b in graph.inputs]
     body += [L.MoveToDevice(b.name) for b in graph.inputs if b.name in host_inputs]
     read = {name for step in steps for name in reads_of(step)}  # (a dead random op needs no seed)
     triton = any(k.triton is not None for k in kernels.values())
@@ -114,7 +118,8 @@ def generate_wrapper(
                 body.append(L.KernelCall(kernels[i].var, list(kernels[i].params), False, True, slot, label))
             elif i in kernels:  # (a group of empty buffers has no kernel)
                 label = labels.get(i, kernels[i].var)
-                body.append(L.KernelCall(kernels[i].var, list(kernels[i].params), bool(kernels[i].errors), label=label))
+                body.append(L.KernelCall(kernels[i].var, list(kernels[i].params), bool(kernels[i].errors), label=label,
+                                         variables=kernels[i].variables))  # fmt: skip
             unread: set[str] = set()
         else:
             # an extern output nobody reads is never unpacked: its real layout may even differ
@@ -131,6 +136,29 @@ def generate_wrapper(
     body, peak = plan_memory(body)
     source = _module_source(graph, kernels, body, device, len(gpu_errors), verify)
     return WrapperSource(source, objects, peak, body)
+
+
+def size_bindings(graph: LoweredGraph, kernels: dict[int, KernelBinary]) -> list[L.Line]:
+    """Each size variable of a symbolic graph bound at the start of `call` from the first argument
+    that gives it: a size argument, else an input's size or stride (Note: symbolic sizes)."""
+    bound: dict[str, str] = {}
+    for name, value in graph.size_arguments.items():
+        _bind(bound, value, name)
+    for b in graph.inputs:
+        for d, size in enumerate(b.layout.size):
+            _bind(bound, size, f"{b.name}.shape[{d}]")
+        for d, stride in enumerate(b.layout.stride):
+            _bind(bound, stride, f"{b.name}.stride({d})")
+    needed = {v for k in kernels.values() for v in k.variables}
+    if missing := needed - set(bound):
+        raise SymbolicSizeError(f"no argument gives the size variables {sorted(missing)}")
+    return [L.BindSize(name, source) for name, source in bound.items()]
+
+
+def _bind(bound: dict[str, str], value: Any, source: str) -> None:
+    size = symbolic_size(value)
+    if size is not None and size.op is Ops.DEFINE_VAR and size.arg.name not in bound:
+        bound[size.arg.name] = source
 
 
 def input_last_uses(graph: LoweredGraph, steps: list[Step]) -> list[list[str]]:
@@ -187,7 +215,7 @@ def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: 
             head.append(f"{k.var} = load_triton_kernel(_cache_root, {k.path!r}, {k.sha256!r}, {k.symbol!r}, "
                         f"_device, **{k.triton!r})")  # fmt: skip
             continue
-        arity = len(k.params) + bool(k.errors)
+        arity = len(k.params) + len(k.variables) + bool(k.errors)
         if k.search is not None:  # a search at the first call (runtime/search.py) binds the winner
             head.append(f"{k.var} = search_cpu_kernel(globals(), {k.var!r}, {arity}, {k.search!r})")
         else:
@@ -273,6 +301,10 @@ def _literal(value: Any, objects: list, inner: Callable[[Any], str] | None = Non
         return value.name
     if value is None or isinstance(value, (bool, int, str)):
         return repr(value)
+    if isinstance(value, torch.SymInt):  # evaluated from the call's size variables (Note: symbolic sizes)
+        return size_source(value)
+    if isinstance(value, (torch.SymFloat, torch.SymBool)):  # never the example's value, silently
+        raise SymbolicSizeError(f"a symbolic {type(value).__name__} has no wrapper form")
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else f"float({str(value)!r})"
     if isinstance(value, (list, tuple)):

@@ -1,0 +1,177 @@
+"""Size variables: torch's symbolic sizes as UOps, and UOps of sizes as Python source.
+
+Note: symbolic sizes
+    Under `torch.compile(dynamic=True)` (or `mark_dynamic`) the graph ember gets has sizes that are
+    torch SymInts: sympy expressions over the shape environment's symbols (s0, s1, ...), each
+    with a range of values it is known to keep (dynamo makes a dynamic size at least 2; 0 and 1
+    are specialized). ember compiles such a graph once (compile_symbolic.py): lowering keeps the
+    SymInts as they come (a Layout's sizes and strides, a view's shape), and where a size enters
+    a UOp it becomes an index expression over DEFINE_VARs, one per symbol, with the symbol's
+    bounds as its vmin/vmax, so bound analysis and simplification work on it as on any index.
+    A RANGE's size is then such an expression instead of a CONST; a C++ kernel takes each
+    variable it reads as an `int64_t` argument after its buffers; the wrapper binds each
+    variable from the inputs' sizes at the start of `call` and evaluates every allocation's
+    size, every view and every extern's size argument from them.
+
+    Nothing assumes a size silently: the whole compile runs with the shape environment refusing
+    new guards, so any decision that needs a concrete value (a comparison the bounds do not
+    settle, an int() of a size) raises there, and the graph falls back to per-shape
+    specialization with that reason (shape_specialization.py). A decision made on a UOp size
+    either reads its bounds or refuses with `SymbolicSizeError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ember.uop.dtypes import dtypes
+from ember.uop.ops import Ops, UOp, VarArg
+
+# the largest size a variable is assumed to reach where torch gives no bound (sizes are int64)
+UNBOUNDED = 2**62
+
+
+class SymbolicSizeError(Exception):
+    """A stage met a symbolic size where it needs a concrete one (Note: symbolic sizes)."""
+
+
+def variable(name: str, vmin: int, vmax: int) -> UOp:
+    return UOp(Ops.DEFINE_VAR, dtypes.index, (), VarArg(name, vmin, vmax))
+
+
+def is_symbolic(value: Any) -> bool:
+    """Whether `value` is a torch SymInt whose value is not a constant."""
+    import torch
+
+    return isinstance(value, torch.SymInt) and not isinstance(value.node.maybe_as_int(), int)
+
+
+def symbolic_size(value: Any) -> UOp | None:
+    """A torch SymInt as an index UOp over DEFINE_VARs; None when `value` is no SymInt."""
+    import torch
+
+    if not isinstance(value, torch.SymInt):
+        return None
+    constant = value.node.maybe_as_int()
+    if isinstance(constant, int):
+        return UOp.const(dtypes.index, constant)
+    from ember.uop.symbolic import simplify
+
+    return simplify(sympy_to_uop(value.node.expr, value.node.shape_env))  # constants to the right, as rules expect
+
+
+def index_size(value: Any) -> int | UOp:
+    """A size as kernels take it: an int, or a UOp of size variables when it is symbolic."""
+    if type(value) is int:
+        return value
+    size = symbolic_size(value) if not isinstance(value, UOp) else value
+    if size is None:
+        return int(value)
+    return size.arg if size.op is Ops.CONST else size
+
+
+def size_hint(value: Any) -> int:
+    """A size's value in the example the graph was compiled with (an estimate, for heuristics only)."""
+    if type(value) is int:
+        return value
+    import torch
+
+    if isinstance(value, torch.SymInt):
+        return int(value.node.hint) if value.node.hint is not None else UNBOUNDED
+    if isinstance(value, UOp):  # a stride ember derived: each variable at its lower bound, at least 2
+        return _estimate(value)
+    return int(value)
+
+
+def _estimate(u: UOp) -> int:
+    from ember.uop.ops import substitute
+    from ember.uop.symbolic import simplify
+
+    values = {v: UOp.const(dtypes.index, max(v.arg.vmin, 2)) for v in variables_of(u)}
+    folded = simplify(substitute(u, values))
+    return folded.arg if folded.op is Ops.CONST else UNBOUNDED
+
+
+def sympy_to_uop(expr: Any, shape_env: Any) -> UOp:
+    """An integer sympy expression of the shape environment as a UOp, or SymbolicSizeError."""
+    import sympy
+    from torch.utils._sympy.functions import CleanDiv, FloorDiv, Max, Min, Mod, PythonMod
+
+    if isinstance(expr, sympy.Integer):
+        return UOp.const(dtypes.index, int(expr))
+    if isinstance(expr, sympy.Symbol):
+        return _symbol_variable(expr, shape_env)
+    args = [sympy_to_uop(a, shape_env) for a in expr.args] if not isinstance(expr, sympy.Pow) else []
+    if isinstance(expr, sympy.Add):
+        return _fold(args, lambda a, b: a + b)
+    if isinstance(expr, sympy.Mul):
+        return _fold(args, lambda a, b: a * b)
+    if isinstance(expr, (FloorDiv, CleanDiv, Mod, PythonMod)):
+        # sympy's floor division and remainder are C's (IDIV, MOD) only for a dividend >= 0, divisor > 0
+        if args[0].vmin < 0 or args[1].vmin < 1:
+            raise SymbolicSizeError(f"size expression {expr} may divide a negative number or by 0")
+        return args[0] // args[1] if isinstance(expr, (FloorDiv, CleanDiv)) else args[0] % args[1]
+    if isinstance(expr, (sympy.Max, sympy.Min, Max, Min)):
+        op = Ops.MAX if isinstance(expr, (sympy.Max, Max)) else Ops.MIN
+        return _fold(args, lambda a, b: a.alu(op, b))
+    if isinstance(expr, sympy.Pow) and isinstance(expr.exp, sympy.Integer) and int(expr.exp) >= 1:
+        base = sympy_to_uop(expr.base, shape_env)
+        return _fold([base] * int(expr.exp), lambda a, b: a * b)
+    raise SymbolicSizeError(f"size expression {expr} ({type(expr).__name__}) has no index form")
+
+
+def _fold(args: list[UOp], combine) -> UOp:
+    result = args[0]
+    for a in args[1:]:
+        result = combine(result, a)
+    return result
+
+
+def _symbol_variable(symbol: Any, shape_env: Any) -> UOp:
+    name = str(symbol)
+    if not name.startswith("s"):  # u0, ...: an unbacked size (nonzero's count), no input gives it
+        raise SymbolicSizeError(f"size {name} is data-dependent (unbacked): no input tells its value")
+    import sympy
+
+    bound = shape_env.var_to_range.get(symbol) if shape_env is not None else None
+    lower = int(bound.lower) if bound is not None and isinstance(bound.lower, sympy.Integer) else 0
+    upper = int(bound.upper) if bound is not None and isinstance(bound.upper, sympy.Integer) else UNBOUNDED
+    return variable(name, max(lower, 0), min(upper, UNBOUNDED))
+
+
+def variables_of(u: UOp) -> list[UOp]:
+    """The DEFINE_VARs `u` reads, ordered by name."""
+    found = {x for x in u.toposort if x.op is Ops.DEFINE_VAR}
+    return sorted(found, key=lambda v: v.arg.name)
+
+
+# ---- sizes as Python source (the wrapper) ------------------------------------------------
+
+_PYTHON_BINARY = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%"}
+
+
+def python_source(u: UOp) -> str:
+    """Python for an index UOp of constants and size variables (the wrapper binds each variable
+    by its name)."""
+    if u.op is Ops.CONST:
+        return repr(u.arg)
+    if u.op is Ops.DEFINE_VAR:
+        return u.arg.name
+    if u.op in _PYTHON_BINARY:
+        return f"({python_source(u.src[0])} {_PYTHON_BINARY[u.op]} {python_source(u.src[1])})"
+    if u.op in (Ops.MAX, Ops.MIN):
+        return f"{u.op.name.lower()}({python_source(u.src[0])}, {python_source(u.src[1])})"
+    if u.op is Ops.NEG:
+        return f"(-{python_source(u.src[0])})"
+    raise SymbolicSizeError(f"size expression {u} has no Python form")
+
+
+def size_source(value: Any) -> str:
+    """Python for a size, a stride or a tuple of them, symbolic or not."""
+    if isinstance(value, (tuple, list)):
+        items = ", ".join(size_source(v) for v in value)
+        return f"({items}{',' if len(value) == 1 else ''})" if isinstance(value, tuple) else f"[{items}]"
+    if isinstance(value, UOp):
+        return python_source(value)
+    size = symbolic_size(value)
+    return python_source(size) if size is not None else repr(value)

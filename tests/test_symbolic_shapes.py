@@ -1,0 +1,303 @@
+"""Graphs with dynamic shapes compiled once, their kernels taking sizes as arguments (Note: symbolic
+sizes, ember/uop/variables.py); what cannot be compiled so is compiled per shape, with a reason."""
+
+import random
+
+import pytest
+import torch
+
+import ember
+from ember.uop.dtypes import dtypes
+from ember.uop.ops import Ops, RangeKind, UOp, substitute
+from ember.uop.symbolic import simplify
+from ember.uop.variables import variable
+
+# every test here compiles for the CPU's C++ kernels: Triton kernels take static sizes (a refusal tested below)
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def check_shapes(model, make_inputs, shapes, dynamic=True, atol=1e-4):
+    """`model` compiled once, run at every shape against float64 eager; returns the outputs."""
+    compiled = torch.compile(model, backend="ember", dynamic=dynamic)
+    reference = _upcast(model)
+    with torch.no_grad():
+        for shape in shapes:
+            inputs = make_inputs(*shape)
+            got = compiled(*inputs)
+            want = reference(*[x.double() if x.is_floating_point() else x for x in inputs])
+            for g, w in zip(_tensors(got), _tensors(want)):
+                torch.testing.assert_close(g, w.to(g.dtype), rtol=1e-4, atol=atol)
+
+
+def _upcast(model):
+    import copy
+
+    return copy.deepcopy(model).double() if isinstance(model, torch.nn.Module) else model
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if hasattr(value, "to_tuple"):
+        value = value.to_tuple()
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def assert_compiled_once(graphs=1):
+    assert ember.metrics.graphs_failed == 0
+    assert dict(ember.metrics.symbolic_fallbacks) == {}
+    assert ember.metrics.shape_specializations == 0
+    assert ember.metrics.symbolic_graphs == graphs
+
+
+# ---- models -----------------------------------------------------------------------------------------
+
+
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=128)
+    return GPT2LMHeadModel(config).eval()
+
+
+def test_gpt2_compiles_once_for_every_batch_and_length():
+    model = gpt2()
+    shapes = [(2, 17), (3, 23), (4, 31), (2, 40), (3, 9), (4, 64), (2, 5)]
+    check_shapes(model, lambda b, s: [torch.randint(0, 500, (b, s))], shapes)
+    assert_compiled_once()
+
+
+def test_bert_compiles_once():
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                        vocab_size=300, max_position_embeddings=128)  # fmt: skip
+    model = BertModel(config).eval()
+    check_shapes(model, lambda b, s: [torch.randint(0, 300, (b, s))], [(2, 11), (3, 29), (2, 50)])
+    assert_compiled_once()
+
+
+def test_llama_compiles_once():
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(0)
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=128, vocab_size=300, max_position_embeddings=128)  # fmt: skip
+    model = LlamaModel(config).eval()
+    check_shapes(model, lambda b, s: [torch.randint(0, 300, (b, s))], [(2, 11), (3, 29), (2, 50)])
+    assert_compiled_once()
+
+
+def test_pointwise_and_reductions_over_every_dim():
+    def f(x, y):
+        z = torch.softmax(x * 2 + y, dim=-1)
+        mean, var = torch.var_mean(z, dim=0)
+        return z.sum(1), mean * var, torch.nn.functional.layer_norm(x, x.shape[-1:]).amax(0)
+
+    shapes = [(3, 33), (5, 8), (17, 2), (9, 130)]
+    check_shapes(f, lambda n, m: [torch.randn(n, m), torch.randn(n, m)], shapes)
+    assert_compiled_once()
+
+
+def test_views_of_symbolic_sizes():
+    def f(x):
+        b, s, h = x.shape
+        heads = x.view(b, s, 4, h // 4).permute(0, 2, 1, 3)  # h // 4: a size divided
+        return (heads * 2).reshape(b * 4, s, h // 4).transpose(1, 2).contiguous() + x.sum(-1).view(b, 1, s).repeat(
+            4, 1, 1
+        )
+
+    check_shapes(f, lambda b, s: [torch.randn(b, s, 16)], [(2, 3), (3, 7), (4, 5)])
+    assert_compiled_once()
+
+
+def test_mark_dynamic_on_one_dim():
+    def f(x, w):
+        return torch.nn.functional.gelu(x @ w).sum(-1)
+
+    compiled = torch.compile(f, backend="ember")
+    w = torch.randn(16, 8)
+    for n in (3, 6, 11, 40):
+        x = torch.randn(n, 16)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch.testing.assert_close(compiled(x, w), f(x.double(), w.double()).float(), rtol=1e-4, atol=1e-4)
+    assert_compiled_once()
+
+
+def test_sizes_one_and_zero_get_graphs_of_their_own():
+    def f(x):
+        return torch.softmax(x, -1).sum(0) * 3
+
+    compiled = torch.compile(f, backend="ember", dynamic=True)
+    for shape in [(5, 7), (1, 7), (0, 7), (9, 7), (5, 1)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), f(x.double()).float(), rtol=1e-5, atol=1e-5)
+    assert ember.metrics.symbolic_graphs >= 1 and ember.metrics.graphs_failed == 0
+
+
+def test_training_forward_and_backward_compile_once():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8)
+    )
+    reference = _upcast(model)
+    compiled = torch.compile(model, backend="ember", dynamic=True)
+    for batch in (5, 9, 12, 30):
+        x = torch.randn(batch, 32)
+        compiled(x).square().mean().backward()
+        reference(x.double()).square().mean().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad.float(), rtol=1e-4, atol=1e-5)
+            p.grad, q.grad = None, None
+    assert_compiled_once(graphs=2)  # the forward and the backward
+
+
+def test_gpt2_training_never_specializes():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=300, n_positions=128, attn_pdrop=0,
+                        resid_pdrop=0, embd_pdrop=0)  # fmt: skip
+    model = GPT2LMHeadModel(config)
+    reference = _upcast(model)
+    compiled = torch.compile(model, backend="ember", dynamic=True)
+    for b, s in [(2, 9), (3, 17), (2, 30)]:
+        ids = torch.randint(0, 300, (b, s))
+        compiled(ids, labels=ids).loss.backward()
+        reference(ids, labels=ids).loss.backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad.float(), rtol=1e-4, atol=1e-5)
+            p.grad, q.grad = None, None
+    assert ember.metrics.graphs_failed == 0 and dict(ember.metrics.symbolic_fallbacks) == {}
+    assert ember.metrics.shape_specializations == 0 and ember.metrics.symbolic_graphs >= 2  # forwards and backwards
+
+
+def test_a_refused_graph_is_compiled_per_shape_with_its_reason(monkeypatch):
+    monkeypatch.setenv("EMBER_BACKEND", "triton")
+    compiled = torch.compile(lambda x: torch.sin(x) * 2 + 1, backend="ember", dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(n)
+        torch.testing.assert_close(compiled(x), torch.sin(x) * 2 + 1)
+    assert ember.metrics.symbolic_graphs == 0
+    assert ember.metrics.symbolic_fallbacks["Triton kernels take static sizes"] == 1
+    assert ember.metrics.shape_specializations == 2
+
+
+def test_a_size_decision_refuses_instead_of_guarding():
+    """A graph whose lowering needs a concrete size (here: a reshape to a size only the
+    data's shape tells) never guards on it silently: the symbolic compile either serves every
+    shape or is refused with a reason, and every output is right."""
+
+    def f(x):
+        return x.reshape(-1, 6).softmax(-1) * x.shape[0]
+
+    compiled = torch.compile(f, backend="ember", dynamic=True)
+    for n in (4, 8, 12, 6):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(compiled(x), f(x.double()).float(), rtol=1e-5, atol=1e-5)
+    assert ember.metrics.graphs_failed == 0
+    assert ember.metrics.symbolic_graphs + ember.metrics.shape_specializations >= 1
+
+
+# ---- the index rules for symbolic divisors ----------------------------------------------------------
+
+
+def _evaluate(u: UOp, values: dict[UOp, int]) -> int:
+    folded = simplify(substitute(u, {k: UOp.const(dtypes.index, v) for k, v in values.items()}))
+    assert folded.op is Ops.CONST, folded
+    return folded.arg
+
+
+def test_division_by_size_variables_keeps_every_value():
+    """Randomized: reshape-like index math over size variables, simplified, equals the original
+    at random sizes and positions (C semantics: non-negative operands)."""
+    rng = random.Random(0)
+    s0, s1 = variable("s0", 2, 1 << 40), variable("s1", 2, 1 << 40)
+    b = UOp.range(s0 * s1, 0)
+    r = UOp.range(s1, 1, RangeKind.LOOP)
+    c = UOp.range(UOp.const(dtypes.index, 64), 2)
+    flat = b * 64 + c
+    expressions = [
+        ((flat // (s1 * 64)) % s0) * (s1 * 64) + ((flat // 64) % s1) * 64 + flat % 64,
+        (b // s1) * s1 + b % s1,
+        (r * 64 + c) // 64 % s1,
+        (b * s1 + r) // s1,
+        (b * s1 + r) % s1,
+        ((b // s1) % s0) * s1 * 3 + (b % s1) * 3,
+    ]
+    for e in expressions:
+        simplified = simplify(e)
+        for _ in range(40):
+            v0, v1 = rng.randint(2, 9), rng.randint(2, 9)
+            sizes = {s0: v0, s1: v1}
+            at = {**sizes, b: rng.randrange(v0 * v1), r: rng.randrange(v1), c: rng.randrange(64)}
+            assert _evaluate(simplified, at) == _evaluate(e, at), (e, simplified, at)
+
+
+def test_reshape_reads_fold_back_to_strided_reads():
+    s0, s1 = variable("s0", 2, 1 << 40), variable("s1", 2, 1 << 40)
+    b = UOp.range(s0 * s1, 0)
+    c = UOp.range(UOp.const(dtypes.index, 64), 2)
+    flat = b * 64 + c
+    index = ((flat // (s1 * 64)) % s0) * (s1 * 64) + ((flat // 64) % s1) * 64 + flat % 64
+    assert not any(u.op in (Ops.IDIV, Ops.MOD) for u in simplify(index).toposort)
+
+
+# ---- the graph cache ---------------------------------------------------------------------------------
+
+NEW_PROCESS = (
+    "import sys, torch, ember\n"
+    "f = lambda x, y: torch.softmax(x @ y, -1).sum(0)\n"
+    "n = int(sys.argv[1])\n"
+    "x, y = torch.randn(n, 8), torch.randn(8, n + 3)\n"
+    "got = torch.compile(f, backend='ember', dynamic=True)(x, y)\n"
+    "torch.testing.assert_close(got, f(x.double(), y.double()).float())\n"
+    "m = ember.metrics\n"
+    "print('METRICS', m.symbolic_graphs, m.graph_cache_hits, m.gcc_runs)\n"
+)
+
+
+def test_a_new_process_with_a_new_shape_loads_the_graph(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "EMBER_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run(n: int) -> list[str]:
+        done = subprocess.run([sys.executable, "-c", NEW_PROCESS, str(n)], env=env, capture_output=True, text=True,
+                              check=True)  # fmt: skip
+        return next(line for line in done.stdout.splitlines() if line.startswith("METRICS")).split()[1:]
+
+    assert run(6)[:2] == ["1", "0"]
+    assert run(11) == ["1", "1", "0"]  # another shape: the same symbolic graph, loaded whole
+
+
+def test_a_slice_from_the_end_of_a_symbolic_size():
+    """x[-3:] of a symbolic size runs in aten (its start needs the size's value), as a view of
+    the input: the kernel after it must not store into it."""
+
+    def f(x):
+        return x[-3:] * 2
+
+    compiled = torch.compile(f, backend="ember", dynamic=True)
+    for n in (5, 8, 13):
+        x = torch.randn(n, 6)
+        before = x.clone()
+        torch.testing.assert_close(compiled(x), f(before))
+        assert torch.equal(x, before)
+    assert_compiled_once()
+
+
+def test_the_reason_is_in_the_debug_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_BACKEND", "triton")
+    monkeypatch.setenv("EMBER_DEBUG", "1")
+    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path))
+    compiled = torch.compile(lambda x: x.cos() + 1, backend="ember", dynamic=True)
+    x = torch.randn(5)
+    torch.testing.assert_close(compiled(x), x.cos() + 1)
+    assert "Triton kernels take static sizes" in (tmp_path / "symbolic_fallbacks.txt").read_text()
