@@ -11,8 +11,9 @@ size) is compiled per concrete shape instead (shape_specialization.py); the reas
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,40 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list[Any], config
         return refusal
     shape_env = _shape_env(example_inputs)
     try:
-        with shape_env.error_on_new_guards():
+        with refusing_new_guards(shape_env):
             call = compile_graph(gm, example_inputs, config, role)
     except Exception as e:  # noqa: BLE001 - any failure means the per-shape path compiles it, correctly
         logger.debug("symbolic compile failed", exc_info=True)
         return _reason(e)
     metrics.add(symbolic_graphs=1)
     return call
+
+
+class NewGuardRefused(RuntimeError):
+    """A stage asked torch's shape environment for a guard while it was refusing new ones."""
+
+
+@contextlib.contextmanager
+def refusing_new_guards(shape_env: Any) -> Iterator[None]:
+    """Any new guard on the symbolic sizes raises while the graph compiles. torch 2.13 has this
+    (`ShapeEnv.error_on_new_guards`); torch 2.11 only warns when a frozen environment is asked
+    for a guard, in `_check_frozen`, so there the environment is frozen and that check made to
+    raise, for this environment only and only meanwhile."""
+    if hasattr(shape_env, "error_on_new_guards"):
+        with shape_env.error_on_new_guards():
+            yield
+        return
+
+    def refuse(expr: Any, concrete_val: Any) -> None:
+        raise NewGuardRefused(f"Guard attempted while ShapeEnv guards are frozen: {expr} == {concrete_val}")
+
+    was_frozen = shape_env.frozen
+    shape_env.frozen, shape_env._check_frozen = True, refuse
+    try:
+        yield
+    finally:
+        shape_env.frozen = was_frozen
+        del shape_env._check_frozen
 
 
 def record_fallback(reason: str, role: str, config: Config) -> None:

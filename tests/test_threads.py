@@ -150,6 +150,11 @@ def wrong_outcomes(fn, weight, good, bad, want, calls: int, start: threading.Bar
             except IndexError:
                 if i != 3:
                     wrong.append((i, "IndexError"))
+            except RuntimeError as e:
+                # torch 2.11: dynamo's entry check reads FX's process-wide tracing flag, which the
+                # thread compiling the graph sets while AOTAutograd traces; this call never started
+                if "symbolically trace a dynamo-optimized function" not in str(e):
+                    raise
 
     run_threads(worker, 4)
     return wrong

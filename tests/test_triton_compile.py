@@ -81,8 +81,12 @@ def test_a_graph_compiles_ahead_and_the_first_call_finds_every_kernel_in_the_cac
     launcher's own compile of each (what the first call does) is a hit in Triton's cache; the
     same kernel for unaligned pointers is not (the check can tell)."""
     environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    environment |= {"TRITON_CACHE_DIR": str(tmp_path / "triton"), "EMBER_CACHE_DIR": str(tmp_path / "ember"),
-                    "EMBER_COMPILE_THREADS": "2"}  # fmt: skip
+    environment |= {
+        "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+        "EMBER_CACHE_DIR": str(tmp_path / "ember"),
+        "EMBER_COMPILE_THREADS": "2",
+        "EMBER_AUTOTUNE": "1",
+    }  # fmt: skip (tuning plans are the subject)
     done = subprocess.run([sys.executable, "-m", "tests.triton_compile_harness"], cwd=ROOT, env=environment,
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("harness: ")]
@@ -230,6 +234,7 @@ def test_on_a_gpu_the_first_call_finds_every_kernel_and_launcher_compiled(tmp_pa
     from ember.config import load
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("EMBER_AUTOTUNE", "1")  # the first call tunes: what must find its kernels compiled
 
     def program(x, w):
         return torch.softmax(x, -1) * w + 1, (x * 2).sum(0)
