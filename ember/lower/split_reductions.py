@@ -9,7 +9,9 @@ Note: split reductions
     A Triton kernel's programs walk its outputs (Note: blocks for a kernel AST,
     renderer/triton.py), so a reduction with few outputs and a long reduced extent
     (x.sum() of 64M elements, the column sums of a (1M, 16) tensor, a loss) would run on one
-    or a few of the GPU's SMs. Before scheduling, such a REDUCE(value, *ranges) becomes
+    or a few of the GPU's SMs; so would up to a few thousand long outputs, as a looped program
+    walks up to 32 of them (the 1024 column sums of a (131072, 1024) tensor: 32 to 128
+    programs; `SplitPolicy.wide_outputs`). Before scheduling, such a REDUCE(value, *ranges) becomes
       - a *partials* buffer of shape (S, *outer sizes): partials[s, o] reduces chunk s of the
         row-major flattened reduced positions, positions s*chunk .. s*chunk+chunk-1, so a
         program reads one contiguous stretch (as inductor's split reductions do);
