@@ -10,6 +10,7 @@ from typing import Any
 
 from ember.uop.dtypes import DType
 from ember.uop.ops import CheckArg, Ops, UOp
+from ember.uop.variables import SizeSpelling, spell_size
 
 
 @dataclass
@@ -43,22 +44,16 @@ def kernel_variables(uops: Iterable[UOp]) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-_C_BINARY = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%"}
+C_SIZES = SizeSpelling(
+    "C", {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%"},
+    lambda op, a, b: f"({a} {'>' if op == 'max' else '<'} {b} ? {a} : {b})", negates=False, error=ValueError,
+)  # fmt: skip
 
 
 def size_expression(u: UOp) -> str:
     """C (and Triton) source of an index expression of constants and size variables: a loop's
     bound (Note: symbolic sizes). Sizes are never negative, so C's division is Python's."""
-    if u.op is Ops.CONST:
-        return str(u.arg)
-    if u.op is Ops.DEFINE_VAR:
-        return u.arg.name
-    if u.op in _C_BINARY:
-        return f"({size_expression(u.src[0])} {_C_BINARY[u.op]} {size_expression(u.src[1])})"
-    if u.op in (Ops.MAX, Ops.MIN):
-        a, b = size_expression(u.src[0]), size_expression(u.src[1])
-        return f"({a} {'>' if u.op is Ops.MAX else '<'} {b} ? {a} : {b})"
-    raise ValueError(f"size expression {u} has no C form")
+    return spell_size(u, C_SIZES)
 
 
 def kernel_errors(uops: Iterable[UOp]) -> list[CheckArg]:

@@ -22,6 +22,8 @@ Note: symbolic sizes
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ember.uop.dtypes import dtypes
@@ -147,23 +149,43 @@ def variables_of(u: UOp) -> list[UOp]:
 
 # ---- sizes as Python source (the wrapper) ------------------------------------------------
 
-_PYTHON_BINARY = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%"}
+
+@dataclass(frozen=True)
+class SizeSpelling:
+    """How one language spells an index expression of constants and size variables."""
+
+    language: str
+    binary: dict[Ops, str]
+    extreme: Callable[[str, str, str], str]  # ("max" | "min", a, b) -> source
+    negates: bool  # NEG has a spelling
+    error: type[Exception]  # raised for an expression with no spelling
+
+
+def spell_size(u: UOp, spelling: SizeSpelling) -> str:
+    """Source for an index UOp of constants and size variables, each variable by its name."""
+    if u.op is Ops.CONST:
+        return str(u.arg)
+    if u.op is Ops.DEFINE_VAR:
+        return u.arg.name
+    if u.op in spelling.binary:
+        return f"({spell_size(u.src[0], spelling)} {spelling.binary[u.op]} {spell_size(u.src[1], spelling)})"
+    if u.op in (Ops.MAX, Ops.MIN):
+        return spelling.extreme(u.op.name.lower(), spell_size(u.src[0], spelling), spell_size(u.src[1], spelling))
+    if u.op is Ops.NEG and spelling.negates:
+        return f"(-{spell_size(u.src[0], spelling)})"
+    raise spelling.error(f"size expression {u} has no {spelling.language} form")
+
+
+PYTHON_SIZES = SizeSpelling(
+    "Python", {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%"},
+    lambda op, a, b: f"{op}({a}, {b})", negates=True, error=SymbolicSizeError,
+)  # fmt: skip
 
 
 def python_source(u: UOp) -> str:
     """Python for an index UOp of constants and size variables (the wrapper binds each variable
     by its name)."""
-    if u.op is Ops.CONST:
-        return repr(u.arg)
-    if u.op is Ops.DEFINE_VAR:
-        return u.arg.name
-    if u.op in _PYTHON_BINARY:
-        return f"({python_source(u.src[0])} {_PYTHON_BINARY[u.op]} {python_source(u.src[1])})"
-    if u.op in (Ops.MAX, Ops.MIN):
-        return f"{u.op.name.lower()}({python_source(u.src[0])}, {python_source(u.src[1])})"
-    if u.op is Ops.NEG:
-        return f"(-{python_source(u.src[0])})"
-    raise SymbolicSizeError(f"size expression {u} has no Python form")
+    return spell_size(u, PYTHON_SIZES)
 
 
 def size_source(value: Any) -> str:
