@@ -85,7 +85,7 @@ def test_kernel_errors_name_the_offending_index(op, bad):
     torch.testing.assert_close(compiled(x, i).cpu(), fn(x.cpu(), i.cpu()))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (under the interpreter the rows are read at once)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the interpreter reads the rows at once)")
 def test_deferred_gpu_errors_are_raised_by_a_later_call(monkeypatch):
     """By default a GPU call does not wait for its kernels' error rows: the thread's next call,
     or `ember.check_gpu_errors()`, raises them (Note: deferred GPU error checks)."""

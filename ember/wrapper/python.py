@@ -231,7 +231,8 @@ def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: 
     body_function = "call"
     if device.type == "cuda":  # Triton launches on the current device
         call = [f"def call({params}):", "    report_earlier_gpu_errors()  # Note: deferred GPU error checks",
-                "    with torch.cuda.device(_device):", f"        return _call({params})", "", f"def _call({params}):"]  # fmt: skip
+                "    with torch.cuda.device(_device):", f"        return _call({params})", "",
+                f"def _call({params}):"]  # fmt: skip
         body_function = "_call"
     call.append("    if profiler_active():  # Note: profiler ranges")
     call.append(f"        return profiled_call(globals(), {params})")
