@@ -55,6 +55,11 @@ class Config:
     fusion: bool = _flag(True, "EMBER_FUSION", True, "let the scheduler fuse computed buffers into kernels")
     graph_cache: bool = _flag(True, "EMBER_GRAPH_CACHE", False, "load graphs compiled before from the cache")
     explain_file: str = _flag("", "EMBER_EXPLAIN_FILE", False, "append each graph's explanation to this file")
+    partitioner: str = _flag("min_cut", "EMBER_PARTITIONER", False,
+                             "how AOTAutograd splits a training graph: min_cut saves fewer activations for the "
+                             "backward, which recomputes cheap ones in its own kernels; default saves every value "
+                             "the backward reads (Note: the partitioner, frontend.py)",
+                             choices=("min_cut", "default"))  # fmt: skip
     fallback_random: bool = _flag(False, "EMBER_FALLBACK_RANDOM", True,
                                   "random ops call aten: eager's generator and values, no fusion")  # fmt: skip
     compile_threads: int = _flag(0, "EMBER_COMPILE_THREADS", False,
