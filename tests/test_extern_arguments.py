@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ember.metrics import metrics
-from tests.helpers import compile_fn
+from tests.helpers import check, compile_fn
 
 
 @torch.library.custom_op("ember_test::strict_unit_stride", mutates_args=())
@@ -98,3 +98,21 @@ def test_a_kernel_never_writes_over_an_aten_view_of_an_input():
     torch.testing.assert_close(compile_fn(f)(x), f(before))
     assert torch.equal(x, before)
     assert metrics.fallback_calls == 1  # (the as_strided: the view this is about)
+
+
+def test_reshape_of_a_buffer_that_an_extern_reads_is_no_copy():
+    """ConvNeXt's MLP: a linear, its rows viewed as (N, H, W, C), gelu, viewed back as rows for
+    the next linear. The gelu's buffer read as rows is the same memory, so the extern reads it in
+    place: the row's three digits (n, h, w) recombine into the row (uop/symbolic.py
+    `recombine_div_mod`) and no copy kernel is made."""
+
+    def f(x, w1, w2):
+        rows = x.reshape(-1, x.shape[-1])
+        h = torch.nn.functional.linear(rows, w1).view(*x.shape[:-1], w1.shape[0])
+        return torch.nn.functional.linear(torch.nn.functional.gelu(h).view(-1, w1.shape[0]), w2)
+
+    for shape, hidden in (((2, 5, 7, 16), 24), ((3, 4, 6, 8), 32), ((1, 3, 3, 4), 12)):
+        x, w1, w2 = torch.randn(shape), torch.randn(hidden, shape[-1]), torch.randn(shape[-1], hidden)
+        metrics.reset()
+        check(f, x, w1, w2)
+        assert metrics.kernels_generated == 1, f"{shape}: {metrics.kernels_generated} kernels (gelu, then a copy?)"

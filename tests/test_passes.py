@@ -292,10 +292,14 @@ def test_small_linears_stay_with_aten(free_scratchpad):
 @pytest.mark.parametrize("activation, fused", [(nn.GELU(approximate="tanh"), True), (nn.Sigmoid(), True),
                                                (nn.Tanh(), True), (nn.ReLU(), False), (nn.GELU(), False)])  # fmt: skip
 def test_linear_with_activation_is_one_onednn_call(activation, fused, small_linears):
-    """Post-ops whose NaN/inf results differ from aten's (relu, exact gelu) stay ember kernels."""
+    """A linear whose activation oneDNN applies as a post-op, read by another linear, is one call.
+    Post-ops whose NaN/inf results differ from aten's (relu, exact gelu) stay ember kernels, which
+    add the bias too, after aten's mm. The last linear (no bias, read by the caller) stays aten's:
+    oneDNN would fuse nothing (Note: which library multiplies)."""
     model = eval_model(nn.Linear(24, 32), activation, nn.Linear(32, 8, bias=False))
     check_inference(model, data((6, 24)))
-    assert ember.metrics.pass_rewrites["mkldnn_linear"] == 2 + fused
+    assert ember.metrics.pass_rewrites["mkldnn_linear"] == 2 * fused
+    assert ember.metrics.pass_rewrites["matmul_bias"] == (not fused)
     assert ember.metrics.fallback_calls == 0
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e30, -1e30, 0.0, -0.0, 1.0] * 3)
     model[0].bias.data = special[:32] if len(special) >= 32 else torch.cat([special, special])[:32]
@@ -305,11 +309,11 @@ def test_linear_with_activation_is_one_onednn_call(activation, fused, small_line
 @needs_mkldnn
 def test_matmul_with_an_in_out_matrix(small_linears):
     """mm/addmm of an (in, out) matrix stored column-major: oneDNN reads its transpose as a
-    row-major weight; and mm of two activations."""
+    row-major weight where it fuses a bias or an activation; and mm of two activations."""
     check(lambda b, x, w: torch.addmm(b, x, w), data((6,)), data((5, 4)), transposed((4, 6)))
     check(lambda x, y: torch.tanh(torch.mm(x, y.t().exp())), data((5, 4)), data((3, 4)))
-    check(lambda x, y: torch.mm(x, y), data((5, 4)), transposed((4, 3)))
-    assert ember.metrics.pass_rewrites["mkldnn_linear"] == 4  # tanh is a post-op
+    check(lambda x, y: torch.mm(x, y), data((5, 4)), transposed((4, 3)))  # nothing to fuse: aten's mm
+    assert ember.metrics.pass_rewrites["mkldnn_linear"] == 3  # tanh is a post-op
     assert ember.metrics.fallback_calls == 0
 
 
@@ -322,6 +326,75 @@ def test_row_major_in_out_matrix_stays_with_aten(rows, small_linears):
     check(lambda x, w: torch.relu(torch.mm(x, w)), data((rows, 8)), data((8, 3)))
     assert ember.metrics.pass_rewrites["mkldnn_linear"] == 0
     assert ember.metrics.fallback_calls == 0
+
+
+class FeedForward(nn.Module):
+    """ConvNeXt's and BERT's feed-forward: linear, exact gelu, linear, a layer scale, a residual add."""
+
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(width, hidden), nn.Linear(hidden, width)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.scale * self.fc2(nn.functional.gelu(self.fc1(x)))
+
+
+@needs_mkldnn
+@pytest.mark.parametrize("shape", [(6, 24), (2, 5, 24), (3, 1, 4, 24)])
+def test_bias_is_added_by_the_kernel_that_reads_the_matmul(shape, small_linears):
+    """Only ember's kernels read each linear's result, so both are aten's mm and their biases are
+    added in the gelu and residual kernels: no addmm, no oneDNN call, two kernels (Note: which
+    library multiplies)."""
+    model = eval_model(FeedForward(24, 40))
+    check_inference(model, data(shape))
+    assert ember.metrics.pass_rewrites["matmul_bias"] == 2
+    assert ember.metrics.pass_rewrites["mkldnn_linear"] == 0
+    assert ember.metrics.kernels_generated == 2
+    with torch.no_grad():
+        (graph,) = graphs_after_passes(model, data(shape))
+    assert aten.addmm.default not in targets(graph) and targets(graph).count(aten.mm.default) == 2
+
+
+@needs_mkldnn
+def test_bias_added_by_a_kernel_keeps_nan_and_inf(small_linears):
+    model = eval_model(FeedForward(24, 40))
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e30, -1e30, 0.0, -0.0, 1.0] * 5)
+    model[0].fc1.bias.data = special
+    for x in (data((6, 24)), transposed((24, 7)).t()):  # a transposed input too: mm reads it in place
+        ember.metrics.reset()
+        check_inference(model, x)
+        assert ember.metrics.pass_rewrites["matmul_bias"] == 2
+
+
+@needs_mkldnn
+@pytest.mark.parametrize("rows", [5, 64])
+def test_bias_of_a_row_major_in_out_matrix_is_added_by_the_kernel(rows, small_linears):
+    """GPT-2's Conv1D (an addmm of a row-major (in, out) weight, which stays with aten) read by its
+    gelu: mm, and the bias in the gelu's kernel."""
+    check(lambda b, x, w: nn.functional.gelu(torch.addmm(b, x, w), approximate="tanh"), data((6,)),
+          data((rows, 4)), data((4, 6)))  # fmt: skip
+    assert ember.metrics.pass_rewrites["matmul_bias"] == 1 and ember.metrics.kernels_generated == 1
+
+
+@needs_mkldnn
+def test_bias_read_by_an_extern_or_the_caller_stays_in_the_matmul(small_linears):
+    """A linear that attention reads, and one whose result is also returned, keep their biases:
+    oneDNN adds them (no kernel reads those results whole)."""
+
+    def attention(x, w, b):
+        q = nn.functional.linear(x, w, b).view(2, 8, 2, 4).transpose(1, 2)
+        return nn.functional.scaled_dot_product_attention(q, q, q)
+
+    def returned(x, w, b):
+        y = nn.functional.linear(x, w, b)
+        return y, y.relu()
+
+    for fn in (attention, returned):
+        check(fn, data((2, 8, 8)), data((8, 8)), data((8,)))
+        assert ember.metrics.pass_rewrites["matmul_bias"] == 0
+        assert ember.metrics.pass_rewrites["mkldnn_linear"] == 1
+        ember.metrics.reset()
 
 
 @needs_mkldnn

@@ -6,7 +6,8 @@ compile runs the original eagerly); lowering sees the result. The steps, in orde
   pre_passes     the user's callables (config), each given the torch.fx.Graph
   noops          x+0, x*1, same-dtype conversions, views that end where they began (noops.py)
   channels_last  2-d convolutions read NHWC activations (layout.py)
-  mkldnn         linear / convolution + bias + activation as one oneDNN call (mkldnn.py)
+  mkldnn         linear / convolution + bias + activation as one oneDNN call where that fuses a
+                 pass; an addmm left whose readers are ember kernels -> mm + bias (mkldnn.py)
   dce            calls whose results nobody uses (mutations and random ops stay)
   post_passes    the user's callables, after ember's own
 
@@ -46,9 +47,10 @@ def run_passes(gm: torch.fx.GraphModule, config: Config) -> tuple[torch.fx.Graph
             rewrites["channels_last"] += layout.channels_last_convolutions(graph)
         if config.mkldnn_fusion and mkldnn.applicable():
             mkldnn.annotate_headroom(graph, gm.meta.get(INPUTS_HELD, False))  # Note: oneDNN's scratchpad
-            rewrites["mkldnn_linear"] += mkldnn.pm_mkldnn_linear.apply(graph)
+            rewrites["mkldnn_linear"] += mkldnn.pm_mkldnn_linear(config.mkldnn_relu).apply(graph)
             if config.mkldnn_relu:
                 rewrites["mkldnn_linear"] += mkldnn.pm_mkldnn_linear_relu.apply(graph)
+            rewrites["matmul_bias"] += mkldnn.pm_matmul_bias.apply(graph)  # Note: which library multiplies
             rewrites["mkldnn_convolution"] += mkldnn.fold_convolution_epilogues(graph, relu=config.mkldnn_relu)
         rewrites["dce"] += eliminate_dead_code(graph)
     run_user_passes("post_passes", config.post_passes, graph)

@@ -7,8 +7,8 @@ the weights are graph inputs that change between calls. Measured (benchmarks, RE
 
   - linear: `addmm(b, x, w.t())` / `mm(x, w.t())` -> `_linear_pointwise(x, w, b)` (and
     `addmm(b, x, y)` with `y.t()` as the weight where that is row-major), with a
-    following sigmoid/tanh/silu/tanh-gelu folded in. oneDNN's matmul on these machines
-    runs about twice as fast as the BLAS behind aten's addmm.
+    following sigmoid/tanh/silu/tanh-gelu folded in, where oneDNN fuses what would otherwise
+    cost a pass over the result (Note: which library multiplies).
   - convolution: a chain of per-channel affine ops after a 2-d convolution (eval-mode
     BatchNorm as AOTAutograd decomposes it: sub mean, mul invstd, mul weight, add bias) is
     folded into the weights and bias at run time (w * scale, shift: kernels over the
@@ -30,6 +30,7 @@ convolutions only when their input is NHWC (after layout.py): torch's fake kerne
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from ember.ir import same_sizes
 from ember.passes import meta
 from ember.passes.eager_memory import headroom_bytes
 from ember.passes.matcher import FxPat, FxPatternMatcher
+from ember.passes.noops import VIEWS
 
 aten = torch.ops.aten
 
@@ -56,6 +58,21 @@ RELU_POST_OP = {aten.relu.default: ("relu", "")}
 # oneDNN's linear costs ~10 us more per call than aten's addmm (one thread): it wins from about
 # a million multiply-adds (2048x64x10: 37 vs 83 us; 128x64x64: 19 vs 14 us; 16x8x4: 14 vs 3 us)
 LINEAR_MIN_MACS = 1 << 20
+
+
+# Note: which library multiplies
+# At the real models' shapes aten's mm (MKL's sgemm) is 3-10% faster than oneDNN's linear on one
+# thread (benchmarks/real_models.py shapes, Sapphire Rapids: 1024 x 768 x 3072, mm 27.5 ms, oneDNN
+# with its bias 31.0; 1024 x 3072 x 768, 26.6 against 29.3; 1024 x 512 x 32000, 263 against 279).
+# aten's addmm is not: it first copies the bias into its result, a pass of its own (25088 x 96
+# rows times 96 x 384: addmm 22.9 ms, mm 14.6). So:
+#   - where ember's kernels read the result (an activation, a residual add, a layer scale; through
+#     views), they add the bias for free: addmm(b, x, w) -> mm(x, w) + b (`unfused_bias`), and the
+#     mm stays aten's;
+#   - oneDNN takes a matmul where it fuses what would otherwise cost a pass: its bias, where an
+#     extern kernel (attention) or the graph's caller reads the result, or an activation it applies
+#     as a post-op whose result leaves ember's kernels (linear -> tanh -> linear);
+#   - a plain mm whose result leaves ember's kernels stays aten's too: oneDNN would fuse nothing.
 
 
 # Note: oneDNN's scratchpad
@@ -118,15 +135,16 @@ def _cpu_float32(*nodes: Any) -> bool:
 
 
 def linear(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, w: torch.fx.Node,
-           b: Any = None) -> torch.fx.Node | None:  # fmt: skip
-    """x @ w.t() + b as one oneDNN linear; w is the (out, in) weight, b a 1-d bias or None."""
-    if not _linear_pays(node, x, w, b, out_dim=0):
+           b: Any = None, relu: bool = False) -> torch.fx.Node | None:  # fmt: skip
+    """x @ w.t() + b as one oneDNN linear; w is the (out, in) weight, b a 1-d bias or None;
+    `relu`: relu is a post-op (config.mkldnn_relu)."""
+    if not _fuses_an_epilogue(node, b, relu) or not _linear_pays(node, x, w, b, out_dim=0):
         return None
     return meta.call(graph, torch.ops.mkldnn._linear_pointwise.default, (x, w, b, "none", [], ""), like=_dense(node))
 
 
 def linear_of_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, y: torch.fx.Node,
-                     b: Any = None) -> torch.fx.Node | None:  # fmt: skip
+                     b: Any = None, relu: bool = False) -> torch.fx.Node | None:  # fmt: skip
     """x @ y + b with y an (in, out) matrix stored column-major (a transposed view of an (out,
     in) weight that the graph's views hid): oneDNN reads y.t() as a row-major weight. A row-major
     y (GPT-2's Conv1D weight) stays with aten: oneDNN given the transposed view takes 1.5 to 2
@@ -135,11 +153,53 @@ def linear_of_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Nod
     value = y.meta.get("val")
     if not isinstance(value, torch.Tensor) or value.dim() != 2 or not value.t().is_contiguous():
         return None
-    if not _linear_pays(node, x, y, b, out_dim=1):
+    if not _fuses_an_epilogue(node, b, relu) or not _linear_pays(node, x, y, b, out_dim=1):
         return None
     weight = meta.call(graph, aten.permute.default, (y, [1, 0]))
     args: tuple = (x, weight, b, "none", [], "")
     return meta.call(graph, torch.ops.mkldnn._linear_pointwise.default, args, like=_dense(node))
+
+
+def _fuses_an_epilogue(node: torch.fx.Node, b: Any, relu: bool) -> bool:
+    """Whether oneDNN would fuse into the matmul `node` what else costs a pass over its result: a
+    bias where the result leaves ember's kernels (else they add it: `unfused_bias`), or an
+    activation post-op (Note: which library multiplies)."""
+    return (b is not None and not read_by_kernels_only(node)) or _post_op_pays(node, relu)
+
+
+def _post_op_pays(node: torch.fx.Node, relu: bool) -> bool:
+    """`node`'s one reader is an activation oneDNN applies as a post-op (`relu`: relu is one), and
+    the activation's result leaves ember's kernels (an extern kernel or the graph's caller reads it)."""
+    if len(node.users) != 1:
+        return False
+    user = next(iter(node.users))
+    return post_op(user, relu)[0] is not None and not read_by_kernels_only(user)
+
+
+def read_by_kernels_only(node: torch.fx.Node) -> bool:
+    """Whether every reader of `node`, directly or through views, is a pointwise op, which an ember
+    kernel computes with `node`'s value inlined (never an extern kernel, never the graph's output)."""
+    for user in node.users:
+        if user.op != "call_function":
+            return False
+        if user.target in VIEWS:
+            if not read_by_kernels_only(user):
+                return False
+        elif torch.Tag.pointwise not in getattr(user.target, "tags", ()):
+            return False
+    return bool(node.users)
+
+
+def unfused_bias(graph: torch.fx.Graph, node: torch.fx.Node, b: Any, x: Any, y: Any) -> torch.fx.Node | None:
+    """addmm(b, x, y) -> mm(x, y) + b for a CPU float32 addmm (plain alpha and beta, a 1-d bias) that
+    oneDNN left and whose readers are all ember kernels (Note: which library multiplies): ember
+    inlines the add into the kernels that read the product anyway."""
+    if node.kwargs or not _cpu_float32(node, b, x, y) or b.meta["val"].dim() != 1:
+        return None
+    if not read_by_kernels_only(node):
+        return None
+    product = meta.call(graph, aten.mm.default, (x, y))
+    return meta.call(graph, aten.add.Tensor, (product, b), like=node.meta["val"])
 
 
 def _dense(node: torch.fx.Node) -> Any:
@@ -195,13 +255,23 @@ def post_op(node: torch.fx.Node, relu: bool) -> tuple[str | None, str]:
 x, w, y, b = FxPat.var("x"), FxPat.var("w"), FxPat.var("y"), FxPat.var("b")
 weight_t = FxPat((aten.permute.default,), w, [1, 0])
 linear_result = FxPat(torch.ops.mkldnn._linear_pointwise.default, name="lin", one_user=True)
-pm_mkldnn_linear = FxPatternMatcher([
-    (FxPat(aten.addmm.default, b, x, weight_t), linear),   # addmm(b, x, w.t()) -> linear(x, w, b)
-    (FxPat(aten.mm.default, x, weight_t), linear),         # mm(x, w.t()) -> linear(x, w)
-    (FxPat(aten.addmm.default, b, x, y), linear_of_matrix),  # addmm(b, x, y), y column-major -> linear(x, y.t(), b)
-    (FxPat(aten.mm.default, x, y), linear_of_matrix),        # mm(x, y), y column-major -> linear(x, y.t())
-    (FxPat((*POST_OPS, aten.gelu.default), linear_result),
-     linear_post_op),                                      # act(linear(x, w, b)) -> linear(x, w, b, act)
+
+
+def pm_mkldnn_linear(relu: bool) -> FxPatternMatcher:
+    """The linear rules; `relu`: relu is a post-op (config.mkldnn_relu)."""
+    of_weight, of_matrix = partial(linear, relu=relu), partial(linear_of_matrix, relu=relu)
+    return FxPatternMatcher([
+        (FxPat(aten.addmm.default, b, x, weight_t), of_weight),  # addmm(b, x, w.t()) -> linear(x, w, b)
+        (FxPat(aten.mm.default, x, weight_t), of_weight),        # mm(x, w.t()) -> linear(x, w)
+        (FxPat(aten.addmm.default, b, x, y), of_matrix),         # addmm(b, x, y), y column-major -> linear(x, y.t(), b)
+        (FxPat(aten.mm.default, x, y), of_matrix),               # mm(x, y), y column-major -> linear(x, y.t())
+        (FxPat((*POST_OPS, aten.gelu.default), linear_result),
+         linear_post_op),                                        # act(linear(x, w, b)) -> linear(x, w, b, act)
+    ])  # fmt: skip
+
+
+pm_matmul_bias = FxPatternMatcher([
+    (FxPat(aten.addmm.default, b, x, y), unfused_bias),  # addmm(b, x, y) -> mm(x, y) + b, read by ember kernels only
 ])  # fmt: skip
 pm_mkldnn_linear_relu = FxPatternMatcher([
     (FxPat(aten.relu.default, linear_result), linear_post_op),  # relu(linear(x, w, b)) -> linear(..., relu)

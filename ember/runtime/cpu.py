@@ -56,9 +56,15 @@ log = logging.getLogger("ember.runtime")
 # -fno-trapping-math: kernels never read the floating-point exception flags, and without it
 # gcc will not if-convert a select whose arm widens a float (`c ? 0.0f : x` summed in double
 # stays a scalar loop, 50x slower); it changes no result (no reassociation, no contraction).
+# -mprefer-vector-width=512: gcc's tuning for Intel's AVX-512 server cores (Skylake-SP to Sapphire
+# Rapids) vectorizes with 256-bit registers, as 512-bit ones once cost clock speed, while aten's and
+# inductor's kernels use 512-bit ones. Arithmetic-heavy loops take about half the time with them
+# (exact gelu over 9.6M floats, one thread on Sapphire Rapids: 22.7 -> 13.1 ms; ConvNeXt-tiny,
+# LLaMA-style, GPT-2 and BERT 3-5% faster a call); memory-bound loops are unchanged. Without
+# AVX-512 the flag does nothing.
 FLAGS = (
-    "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-fno-trapping-math",
-    "-ffp-contract=off", "-w",
+    "-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+    "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-w",
 )  # fmt: skip
 
 

@@ -71,7 +71,7 @@ def machine_identity() -> str:
 
 
 def wide_default_vectors() -> bool:
-    """gcc's -march=native vectorizes at 512 bits on hosts with AVX-512."""
+    """Kernels vectorize at 512 bits on hosts with AVX-512 (cpu.py FLAGS: -mprefer-vector-width=512)."""
     return "avx512f" in cpu_info()[1]
 
 

@@ -376,18 +376,33 @@ def mod_by_inner_factor(x: UOp, c: UOp) -> UOp | None:
 
 
 def recombine_div_mod(u: UOp) -> UOp | None:
-    """(x//k)*(c*k) + (x%k)*c -> x*c: the two halves of one index, split and put back."""
+    """(x//k)*(c*k) + (x%k)*c -> x*c: the two halves of one index, split and put back.
+    ((x//k)%m)*(c*k) + (x%k)*c -> (x%(k*m))*c: the middle digits of an index split in three
+    (a reshape of (a, b, c) to (a*b*c,) read back), so the outer digit then recombines too.
+    Both hold for C's truncating division as for floor division (k, m > 0)."""
     terms = addends(u)
     parts = [coefficient(t) for t in terms]
     for i, (high, c1) in enumerate(parts):
-        if high is None or high.op is not Ops.IDIV or high.src[1].op is not Ops.CONST:
+        if (split := _quotient_digit(high)) is None:
             continue
-        x, k = high.src[0], high.src[1].arg
+        x, divisor, modulus = split
+        k = divisor.arg
         for j, (low, c2) in enumerate(parts):
-            if low is not None and low.op is Ops.MOD and low.src[0] is x and low.src[1] is high.src[1] and c1 == c2 * k:
+            if low is not None and low.op is Ops.MOD and low.src[0] is x and low.src[1] is divisor and c1 == c2 * k:
                 rest = [t for n, t in enumerate(terms) if n not in (i, j)]
-                return sum_of([scaled(x, c2, u), *rest], u)
+                joined = x if modulus is None else x % x.const_like(k * modulus)
+                return sum_of([scaled(joined, c2, u), *rest], u)
     return None
+
+
+def _quotient_digit(u: UOp | None) -> tuple[UOp, UOp, int | None] | None:
+    """(x, k, None) for x//k and (x, k, m) for (x//k)%m, with constants k, m > 0; else None."""
+    modulus = None
+    if u is not None and u.op is Ops.MOD and u.src[1].op is Ops.CONST and u.src[1].arg > 0:
+        u, modulus = u.src[0], u.src[1].arg
+    if u is None or u.op is not Ops.IDIV or u.src[1].op is not Ops.CONST or u.src[1].arg <= 0:
+        return None
+    return u.src[0], u.src[1], modulus
 
 
 def with_positive_divisor(rule: Callable[..., UOp | None]) -> Callable[..., UOp | None]:

@@ -296,6 +296,22 @@ class TestDivMod:
         assert simplify((r2 % 8) // 4) is (r2 // 4) % 2
         assert simplify((r2 % 8) % 4) is r2 % 4
 
+    def test_middle_digit_recombines_with_the_low_one(self):
+        # ((x//k)%m)*(c*k) + (x%k)*c -> (x%(k*m))*c
+        assert simplify(((r2 // 2) % 4) * 6 + (r2 % 2) * 3) is (r2 % 8) * 3
+        assert simplify((r2 % 2) + ((r2 // 2) % 2) * 2 + r0) is (r2 % 4) + r0
+
+    def test_three_digits_of_a_flat_index_recombine(self):
+        # a (2, 3, 4) buffer read through a (24, 5) view: the flat row's three digits, back to the row
+        row, col = UOp.range(24, 0), UOp.range(5, 1)
+        digits = (row // 12) * 60 + ((row // 4) % 3) * 20 + (row % 4) * 5 + col
+        assert simplify(digits) is row * 5 + col
+
+    def test_digit_rules_hold_for_values_of_either_sign(self):
+        for expr in (((v // 2) % 3) * 2 + v % 2, ((v // 3) % 2) * 6 + (v % 3) * 2 + (v // 6) * 12):
+            assert_same_everywhere(expr)
+        assert_same_everywhere(((r2 // 2) % 4) * 6 + (r2 % 2) * 3 + r0)
+
     def test_possibly_negative_dividend_is_left_alone(self):
         x = load("x", dtypes.int32)
         c4 = UOp.const(dtypes.int32, 4)
