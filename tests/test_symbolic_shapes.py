@@ -93,6 +93,46 @@ def test_llama_compiles_once():
     assert_compiled_once()
 
 
+def test_a_generate_loop_with_a_kv_cache_compiles_twice():
+    """Prefill and decode: two graphs. The prefill graph's KV cache outputs feed the decode graph;
+    were they views (of a buffer reused with another layout), dynamo would guard on their `_base`
+    and compile the decode graph again once fed its own plain outputs (Note: outputs are never views)."""
+    from transformers.cache_utils import DynamicCache
+
+    model = gpt2()
+    reference = _upcast(model)
+    compiled = torch.compile(model, backend="ember", dynamic=True)
+    ids = want_ids = torch.randint(0, 500, (1, 7))
+    cache, want_cache = DynamicCache(), DynamicCache()
+    with torch.no_grad():
+        for _ in range(6):
+            out, want = compiled(ids, cache=cache), reference(want_ids, cache=want_cache)
+            torch.testing.assert_close(out.logits, want.logits.float(), rtol=1e-4, atol=1e-4)
+            ids = want_ids = want.logits[:, -1:].argmax(-1)
+            cache, want_cache = out.past_key_values, want.past_key_values
+    assert_compiled_once(graphs=2)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+
+
+def test_outputs_are_never_views_where_eager_gives_none():
+    """A linear over a 3-d input is a matmul viewed back to 3-d, and a buffer of the graph may
+    take over a freed one's storage: eager's result of either has no `_base`, nor has ember's."""
+    w = torch.randn(8, 16)
+
+    def f(x):
+        y = torch.nn.functional.linear(x, w)  # (b, s, 8) from an (b*s, 8) matmul
+        z = (y * 2).transpose(0, 1).contiguous()  # a buffer that can reuse a freed one of its size
+        return y, z.sin()
+
+    compiled = torch.compile(f, backend="ember", dynamic=True)
+    for shape in [(2, 3, 16), (3, 5, 16)]:
+        x = torch.randn(shape)
+        for got, want in zip(compiled(x), f(x)):
+            torch.testing.assert_close(got, want)
+            assert got._base is None and want._base is None
+    assert_compiled_once()
+
+
 @pytest.fixture(params=["torch", "emulated"])
 def guard_refusal(request, monkeypatch):
     """Runs a test with torch's own refusal of new guards (torch 2.13) and with ember's for a
