@@ -32,8 +32,8 @@ HEADER = """\
 import torch
 from ember.wrapper.runtime import (
     GpuErrorFlags, KernelErrorFlag, as_strided, assert_layout, empty_large, empty_strided, ensure_layout, load_kernel,
-    reinterpret, constant_on, load_triton_kernel, profiled_call, profiler_active, random_offset, random_seed, random_seed_value,
-    record_function, search_cpu_kernel, tree_leaves,
+    constant_on, load_triton_kernel, profiled_call, profiler_active, random_offset, random_seed, random_seed_value,
+    record_function, reinterpret, search_cpu_kernel, tree_leaves,
 )
 
 aten = torch.ops.aten

@@ -68,7 +68,8 @@ def reinterpret(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
 __all__ = [
     "GpuErrorFlags", "KernelErrorFlag", "load_triton_kernel", "constant_on", "random_seed", "random_seed_value",
     "random_offset",
-    "as_strided", "reinterpret", "assert_layout", "empty_large", "empty_strided", "ensure_layout", "load_kernel", "search_cpu_kernel",
+    "as_strided", "reinterpret", "assert_layout", "empty_large", "empty_strided", "ensure_layout", "load_kernel",
+    "search_cpu_kernel",
     "tree_leaves", "profiler_active", "profiled_call", "record_function",
 ]  # fmt: skip
 
