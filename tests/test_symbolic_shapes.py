@@ -330,6 +330,30 @@ def test_a_new_process_with_a_new_shape_loads_the_graph(tmp_path):
     assert run(11) == ["1", "1", "0"]  # another shape: the same symbolic graph, loaded whole
 
 
+def test_symbolic_shapes_off_never_loads_a_symbolic_graph(monkeypatch, tmp_path):
+    """`symbolic_shapes` is not in the cache key: it decides which graph reaches compile_graph
+    (the symbolic one, or a static one per shape), and each is keyed by its own code and layouts,
+    so neither setting is ever served the other's entry."""
+
+    def f(x):
+        return torch.softmax(x * 2, -1).sum(0)
+
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+
+    def run(symbolic: str) -> tuple[int, int, int]:
+        monkeypatch.setenv("EMBER_SYMBOLIC_SHAPES", symbolic)
+        torch._dynamo.reset()
+        ember.metrics.reset()
+        check_shapes(f, lambda n: [torch.randn(n, 7)], [(5,), (9,)])
+        m = ember.metrics
+        return m.symbolic_graphs, m.shape_specializations, m.graph_cache_hits
+
+    assert run("1") == (1, 0, 0)
+    assert run("0") == (0, 2, 0)
+    assert run("1") == (1, 0, 1)
+    assert run("0") == (0, 2, 2)
+
+
 def test_a_slice_from_the_end_of_a_symbolic_size():
     """x[-3:] of a symbolic size runs in aten (its start needs the size's value), as a view of
     the input: the kernel after it must not store into it."""
