@@ -134,6 +134,20 @@ def test_outputs_are_never_views_where_eager_gives_none():
     assert_compiled_once()
 
 
+def test_an_unspecialized_float_is_computed_in_kernels():
+    """Under dynamic=True dynamo passes a Python float (math.pi) as a 0-d float64 tensor, which
+    AOTAutograd casts with prims.convert_element_type and divides with true_divide: both lowered,
+    none a call to aten at every step (GPT-2's gelu)."""
+    import math
+
+    def f(x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+    check_shapes(f, lambda n: [torch.randn(n, 16)], [(3,), (7,), (12,)])
+    assert_compiled_once()
+    assert dict(ember.metrics.fallback_ops) == {}
+
+
 @pytest.fixture(params=["torch", "emulated"])
 def guard_refusal(request, monkeypatch):
     """Runs a test with torch's own refusal of new guards (torch 2.13) and with ember's for a
