@@ -24,7 +24,6 @@ printed first.
 from __future__ import annotations
 
 import argparse
-import copy
 import functools
 import os
 import statistics
@@ -179,8 +178,9 @@ def run_case(case: Case, rounds: int) -> list[str]:
                 for name, fn in calls.items():
                     samples[name].append(cpu_ms(fn))
             best = {name: min(values) for name, values in samples.items()}
-            rows.append(f"{case.name:10s} {str(shape):10s} static {best['static']:8.3f}  symbolic {best['symbolic']:8.3f}"
-                        f"  ratio {best['symbolic'] / best['static']:.3f}")  # fmt: skip
+            ratio = best["symbolic"] / best["static"]
+            rows.append(f"{case.name:10s} {str(shape):10s} static {best['static']:8.3f}  "
+                        f"symbolic {best['symbolic']:8.3f}  ratio {ratio:.3f}")  # fmt: skip
     m = ember.metrics
     rows.append(f"{'':10s} graphs: symbolic {m.symbolic_graphs}, fallbacks {dict(m.symbolic_fallbacks)}")
     return rows
