@@ -148,6 +148,47 @@ def test_an_unspecialized_float_is_computed_in_kernels():
     assert dict(ember.metrics.fallback_ops) == {}
 
 
+def test_a_symbolic_linear_picks_its_matmul_at_every_call(monkeypatch, tmp_path):
+    """A linear with a symbolic row count is oneDNN's from LINEAR_MIN_MACS multiply-adds and
+    aten's mm below, with the post-op applied either way (passes/mkldnn.py linear_by_size); the
+    graph calling it is kept in the graph cache by that function's name."""
+    from ember.passes import mkldnn
+
+    if not mkldnn.applicable():
+        pytest.skip("no oneDNN")
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(256, 64),
+                                torch.nn.Sigmoid(), torch.nn.Linear(64, 64, bias=False), torch.nn.Tanh())  # fmt: skip
+    rows = [(3,), (300,), (5,), (2000,)]  # 3 * 64 * 256 multiply-adds: aten; 300 * 64 * 256: oneDNN
+    assert 3 * 64 * 256 < mkldnn.LINEAR_MIN_MACS <= 300 * 64 * 256
+    check_shapes(model, lambda n: [torch.randn(n, 64)], rows)
+    assert_compiled_once()
+    assert dict(ember.metrics.fallback_ops) == {}
+    torch._dynamo.reset()
+    ember.metrics.reset()
+    check_shapes(model, lambda n: [torch.randn(n, 64)], rows)
+    assert ember.metrics.graph_cache_hits == 1
+
+
+@pytest.mark.parametrize("attr", ["none", "sigmoid", "tanh", "swish", "relu", "gelu"])
+@pytest.mark.parametrize("path", ["aten", "onednn"])
+def test_linear_by_size_is_the_onednn_linear(attr, path, monkeypatch):
+    from ember.passes import mkldnn
+
+    if not mkldnn.applicable():
+        pytest.skip("no oneDNN")
+    monkeypatch.setattr(mkldnn, "LINEAR_MIN_MACS", 1 << 40 if path == "aten" else 1)
+    torch.manual_seed(0)
+    x, w, b = torch.randn(7, 16), torch.randn(12, 16), torch.randn(12)
+    algorithm = "tanh" if attr == "gelu" else ""
+    for bias in (b, None):
+        want = torch.ops.mkldnn._linear_pointwise.default(x, w, bias, attr, [], algorithm)
+        got = mkldnn.linear_by_size(x, w, bias, attr, [], algorithm)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert got.is_contiguous()
+
+
 @pytest.fixture(params=["torch", "emulated"])
 def guard_refusal(request, monkeypatch):
     """Runs a test with torch's own refusal of new guards (torch 2.13) and with ember's for a
