@@ -82,6 +82,12 @@ class Config:
                               "relu as a oneDNN post-op too: faster, but relu(NaN) gives 0, not NaN")  # fmt: skip
     pre_passes: tuple = _flag((), "", False, "callables f(graph: torch.fx.Graph) run before ember's passes")
     post_passes: tuple = _flag((), "", False, "callables f(graph: torch.fx.Graph) run after ember's passes")
+    gpu_error_checks: str = _flag("deferred", "EMBER_GPU_ERROR_CHECKS", True,
+                                  "when a call reads what its Triton kernels reported (a bad index): deferred, at "
+                                  "the thread's next ember call on the GPU, without waiting for the GPU (as CUDA "
+                                  "reports its own errors, late); sync, at the end of the call itself, waiting for "
+                                  "the GPU each call (Note: deferred GPU error checks)",
+                                  choices=("deferred", "sync"))  # fmt: skip
     verify: bool = _flag(False, "EMBER_VERIFY", False,
                          "run each compiled call also as the aten graph in float64 eager and warn (raise under "
                          "strict) naming the first kernel whose output differs, its aten nodes and source line "
