@@ -356,6 +356,24 @@ def test_reshape_reads_fold_back_to_strided_reads():
     assert not any(u.op in (Ops.IDIV, Ops.MOD) for u in simplify(index).toposort)
 
 
+def test_element_forms_agree_at_symbolic_strides():
+    """The element a kernel stores, written two ways at a symbolic stride, is one element: what lets
+    a symbolic kernel store in place over a dying input (codegen/kernel.py choose_inplace) as a
+    static one does (GPT-2's gelu over its matmul's result)."""
+    from ember.uop.symbolic import element_form
+
+    s0 = variable("s0", 2, 1 << 40)
+    r0, r1 = UOp.range(s0, 0), UOp.range(s0, 1, RangeKind.LOOP)
+    r2 = UOp.range(UOp.const(dtypes.index, 1024), 2)
+    k = UOp.const(dtypes.index, 1024)
+    read = (r1 + s0 * r0) * k + r2
+    stored = r0 * (s0 * k) + r1 * k + r2
+    assert element_form(read) == element_form(stored)
+    assert element_form(read) != element_form(stored + UOp.const(dtypes.index, 1))
+    c = UOp.const
+    assert element_form((r2 * 64 + r1) * k) == element_form(r2 * c(dtypes.index, 65536) + r1 * k)  # static strides
+
+
 # ---- the graph cache ---------------------------------------------------------------------------------
 
 NEW_PROCESS = (
