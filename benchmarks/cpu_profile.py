@@ -9,7 +9,9 @@ thread that does all the work (`time.thread_time`, with OMP_NUM_THREADS=1) is no
 for waiting, so it compares kernel quality (ember vs inductor vs eager, before vs after a
 change) even under load. It says nothing about how well the work is split over threads:
 `benchmarks.run` measures that, on a quiet machine. `--kernels N` lists ember's N costliest
-kernels (CPU ms per call), timed around each ctypes call.
+kernels (CPU ms per call), timed around each ctypes call. A compiler `ember-dynamic` (or
+`inductor-dynamic`) compiles with `dynamic=True`, every size symbolic: against `ember` it shows
+what symbolic kernels cost over static ones at the same shapes.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ def benchmarked_step(workload: suite.Workload, compiler: str) -> Callable[[], ob
     if isinstance(model, torch.nn.Module):
         model = copy.deepcopy(model)
     if compiler != "eager":
-        model = torch.compile(model, backend=compiler)
+        backend, _, dynamic = compiler.partition("-")  # ember-dynamic: sizes symbolic (Note: symbolic sizes)
+        model = torch.compile(model, backend=backend, dynamic=True if dynamic == "dynamic" else None)
     return run.make_step(model, workload)
 
 
@@ -75,6 +78,9 @@ def profile(name: str, compilers: list[str], rounds: int, kernels: int, suite_na
         return f"{name:22s} skipped (a package it needs is missing)"
     cells = []
     for compiler in compilers:
+        if workload.optimizer is not None and compiler.endswith("-dynamic"):
+            cells.append(f"{compiler} (static only)")
+            continue
         torch._dynamo.reset()
         kernel_ns.clear()
         kernel_calls.clear()
@@ -82,7 +88,7 @@ def profile(name: str, compilers: list[str], rounds: int, kernels: int, suite_na
         # optimizer's update when the workload has one (run.optimizer_step)
         cells.append(f"{compiler} {cpu_ms(benchmarked_step(workload, compiler), rounds):8.2f}")
         steps = rounds + 3  # warm-up included: the counters ran through it
-        for symbol, ns in kernel_ns.most_common(kernels if compiler == "ember" else 0):
+        for symbol, ns in kernel_ns.most_common(kernels if compiler.startswith("ember") else 0):
             calls = kernel_calls[symbol] // steps
             cells.append(f"\n    {symbol} {ns / steps / 1e6:8.3f} ms per step ({calls} call(s))")
     return f"{name:22s} " + "  ".join(cells)

@@ -48,6 +48,8 @@ class Config:
                                        "a graph with dynamic shapes is compiled for at most this many "
                                        "concrete shapes (Note: dynamic shapes by specialization); "
                                        "new ones past that run eagerly", minimum=0)  # fmt: skip
+    # not in the cache key: it picks which graph reaches compile_graph (the symbolic one or a static one
+    # per shape), and each graph is keyed by its own code and layouts (tests/test_symbolic_shapes.py)
     symbolic_shapes: bool = _flag(True, "EMBER_SYMBOLIC_SHAPES", False,
                                   "compile a graph with dynamic shapes once, its kernels taking sizes as "
                                   "arguments (Note: symbolic sizes); off, or where that fails, it is "

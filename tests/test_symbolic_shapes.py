@@ -93,6 +93,102 @@ def test_llama_compiles_once():
     assert_compiled_once()
 
 
+def test_a_generate_loop_with_a_kv_cache_compiles_twice():
+    """Prefill and decode: two graphs. The prefill graph's KV cache outputs feed the decode graph;
+    were they views (of a buffer reused with another layout), dynamo would guard on their `_base`
+    and compile the decode graph again once fed its own plain outputs (Note: outputs are never views)."""
+    from transformers.cache_utils import DynamicCache
+
+    model = gpt2()
+    reference = _upcast(model)
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(model, backend="ember", dynamic=True)
+    ids = want_ids = torch.randint(0, 500, (1, 7))
+    cache, want_cache = DynamicCache(), DynamicCache()
+    with torch.no_grad():
+        for _ in range(6):
+            out, want = compiled(ids, cache=cache), reference(want_ids, cache=want_cache)
+            torch.testing.assert_close(out.logits, want.logits.float(), rtol=1e-4, atol=1e-4)
+            ids = want_ids = want.logits[:, -1:].argmax(-1)
+            cache, want_cache = out.past_key_values, want.past_key_values
+    assert_compiled_once(graphs=2)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+
+
+def test_outputs_are_never_views_where_eager_gives_none():
+    """A linear over a 3-d input is a matmul viewed back to 3-d, and a buffer of the graph may
+    take over a freed one's storage: eager's result of either has no `_base`, nor has ember's."""
+    w = torch.randn(8, 16)
+
+    def f(x):
+        y = torch.nn.functional.linear(x, w)  # (b, s, 8) from an (b*s, 8) matmul
+        z = (y * 2).transpose(0, 1).contiguous()  # a buffer that can reuse a freed one of its size
+        return y, z.sin()
+
+    compiled = torch.compile(f, backend="ember", dynamic=True)
+    for shape in [(2, 3, 16), (3, 5, 16)]:
+        x = torch.randn(shape)
+        for got, want in zip(compiled(x), f(x)):
+            torch.testing.assert_close(got, want)
+            assert got._base is None and want._base is None
+    assert_compiled_once()
+
+
+def test_an_unspecialized_float_is_computed_in_kernels():
+    """Under dynamic=True dynamo passes a Python float (math.pi) as a 0-d float64 tensor, which
+    AOTAutograd casts with prims.convert_element_type and divides with true_divide: both lowered,
+    none a call to aten at every step (GPT-2's gelu)."""
+    import math
+
+    def f(x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+    check_shapes(f, lambda n: [torch.randn(n, 16)], [(3,), (7,), (12,)])
+    assert_compiled_once()
+    assert dict(ember.metrics.fallback_ops) == {}
+
+
+def test_a_symbolic_linear_picks_its_matmul_at_every_call(monkeypatch, tmp_path):
+    """A linear with a symbolic row count is oneDNN's from LINEAR_MIN_MACS multiply-adds and
+    aten's mm below, with the post-op applied either way (passes/mkldnn.py linear_by_size); the
+    graph calling it is kept in the graph cache by that function's name."""
+    from ember.passes import mkldnn
+
+    if not mkldnn.applicable():
+        pytest.skip("no oneDNN")
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(256, 64),
+                                torch.nn.Sigmoid(), torch.nn.Linear(64, 64, bias=False), torch.nn.Tanh())  # fmt: skip
+    rows = [(3,), (300,), (5,), (2000,)]  # 3 * 64 * 256 multiply-adds: aten; 300 * 64 * 256: oneDNN
+    assert 3 * 64 * 256 < mkldnn.LINEAR_MIN_MACS <= 300 * 64 * 256
+    check_shapes(model, lambda n: [torch.randn(n, 64)], rows)
+    assert_compiled_once()
+    assert dict(ember.metrics.fallback_ops) == {}
+    torch._dynamo.reset()
+    ember.metrics.reset()
+    check_shapes(model, lambda n: [torch.randn(n, 64)], rows)
+    assert ember.metrics.graph_cache_hits == 1
+
+
+@pytest.mark.parametrize("attr", ["none", "sigmoid", "tanh", "swish", "relu", "gelu"])
+@pytest.mark.parametrize("path", ["aten", "onednn"])
+def test_linear_by_size_is_the_onednn_linear(attr, path, monkeypatch):
+    from ember.passes import mkldnn
+
+    if not mkldnn.applicable():
+        pytest.skip("no oneDNN")
+    monkeypatch.setattr(mkldnn, "LINEAR_MIN_MACS", 1 << 40 if path == "aten" else 1)
+    torch.manual_seed(0)
+    x, w, b = torch.randn(7, 16), torch.randn(12, 16), torch.randn(12)
+    algorithm = "tanh" if attr == "gelu" else ""
+    for bias in (b, None):
+        want = torch.ops.mkldnn._linear_pointwise.default(x, w, bias, attr, [], algorithm)
+        got = mkldnn.linear_by_size(x, w, bias, attr, [], algorithm)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert got.is_contiguous()
+
+
 @pytest.fixture(params=["torch", "emulated"])
 def guard_refusal(request, monkeypatch):
     """Runs a test with torch's own refusal of new guards (torch 2.13) and with ember's for a
@@ -260,6 +356,24 @@ def test_reshape_reads_fold_back_to_strided_reads():
     assert not any(u.op in (Ops.IDIV, Ops.MOD) for u in simplify(index).toposort)
 
 
+def test_element_forms_agree_at_symbolic_strides():
+    """The element a kernel stores, written two ways at a symbolic stride, is one element: what lets
+    a symbolic kernel store in place over a dying input (codegen/kernel.py choose_inplace) as a
+    static one does (GPT-2's gelu over its matmul's result)."""
+    from ember.uop.symbolic import element_form
+
+    s0 = variable("s0", 2, 1 << 40)
+    r0, r1 = UOp.range(s0, 0), UOp.range(s0, 1, RangeKind.LOOP)
+    r2 = UOp.range(UOp.const(dtypes.index, 1024), 2)
+    k = UOp.const(dtypes.index, 1024)
+    read = (r1 + s0 * r0) * k + r2
+    stored = r0 * (s0 * k) + r1 * k + r2
+    assert element_form(read) == element_form(stored)
+    assert element_form(read) != element_form(stored + UOp.const(dtypes.index, 1))
+    c = UOp.const
+    assert element_form((r2 * 64 + r1) * k) == element_form(r2 * c(dtypes.index, 65536) + r1 * k)  # static strides
+
+
 # ---- the graph cache ---------------------------------------------------------------------------------
 
 NEW_PROCESS = (
@@ -288,6 +402,30 @@ def test_a_new_process_with_a_new_shape_loads_the_graph(tmp_path):
 
     assert run(6)[:2] == ["1", "0"]
     assert run(11) == ["1", "1", "0"]  # another shape: the same symbolic graph, loaded whole
+
+
+def test_symbolic_shapes_off_never_loads_a_symbolic_graph(monkeypatch, tmp_path):
+    """`symbolic_shapes` is not in the cache key: it decides which graph reaches compile_graph
+    (the symbolic one, or a static one per shape), and each is keyed by its own code and layouts,
+    so neither setting is ever served the other's entry."""
+
+    def f(x):
+        return torch.softmax(x * 2, -1).sum(0)
+
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+
+    def run(symbolic: str) -> tuple[int, int, int]:
+        monkeypatch.setenv("EMBER_SYMBOLIC_SHAPES", symbolic)
+        torch._dynamo.reset()
+        ember.metrics.reset()
+        check_shapes(f, lambda n: [torch.randn(n, 7)], [(5,), (9,)])
+        m = ember.metrics
+        return m.symbolic_graphs, m.shape_specializations, m.graph_cache_hits
+
+    assert run("1") == (1, 0, 0)
+    assert run("0") == (0, 2, 0)
+    assert run("1") == (1, 0, 1)
+    assert run("0") == (0, 2, 2)
 
 
 def test_a_slice_from_the_end_of_a_symbolic_size():

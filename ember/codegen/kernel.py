@@ -14,7 +14,7 @@ from ember.ir import Buffer, ComputedBuffer, IndexedStore, Layout, same_sizes
 from ember.schedule.group import align, resolve_bodies
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import BufferArg, Ops, RangeKind, ScatterArg, UOp, substitute
-from ember.uop.symbolic import distributed_terms, simplify
+from ember.uop.symbolic import element_form, simplify
 from ember.uop.variables import size_hint
 
 
@@ -75,7 +75,7 @@ def choose_inplace(sink: UOp, members: dict[str, Buffer], dying: dict[str, Buffe
     reads: dict[str, set[object]] = {}
     for u in sink.toposort:
         if u.op is Ops.INDEX and u.src[0].op is Ops.BUFFER and u.src[0].arg.name in dying:
-            reads.setdefault(u.src[0].arg.name, set()).add(_affine_form(u.src[1]))
+            reads.setdefault(u.src[0].arg.name, set()).add(element_form(u.src[1]))
     chosen: dict[str, str] = {}
     stores = [s for s in sink.src if s.op is Ops.STORE]
     read_by = [{u.src[0].arg.name for u in s.src[1].toposort if u.op is Ops.INDEX and u.src[0].op is Ops.BUFFER}
@@ -90,18 +90,10 @@ def choose_inplace(sink: UOp, members: dict[str, Buffer], dying: dict[str, Buffe
                 continue
             if not _can_overwrite(dying[name], out):
                 continue
-            if indexes == {_affine_form(target.src[1])}:
+            if indexes == {element_form(target.src[1])}:
                 chosen[out.name] = name
                 break
     return chosen
-
-
-def _affine_form(index: UOp) -> object:
-    """A canonical form of `index`: its distributed terms when affine (so (a*64 + b)*1024 and
-    a*65536 + b*1024 compare equal), else the simplified UOp."""
-    simplified = simplify(index)
-    form = distributed_terms(simplified)
-    return simplified if form is None else (frozenset(form[0].items()), form[1])
 
 
 def _can_overwrite(victim: Buffer, out: Buffer) -> bool:

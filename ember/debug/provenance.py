@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import types
 from dataclasses import dataclass
 
 import torch
@@ -119,7 +120,7 @@ def _step_nodes(step: Step, held: dict, nodes: dict[str, torch.fx.Node]) -> list
 
 
 def _op_name(target: object) -> str:
-    name = str(target)
+    name = target.__name__ if isinstance(target, types.FunctionType) else str(target)  # ember's own (linear_by_size)
     return name.removeprefix("aten.")
 
 

@@ -33,6 +33,7 @@ from ember.lower.context import (
 from ember.lower.mutation import emit_input_mutations
 from ember.lower.registry import EXTERN_BY_DESIGN, FULL_PRECISION_ONLY, Unsupported, lookup
 from ember.lower.values import TensorValue, as_strided_read, axis, const_index, load
+from ember.passes.mkldnn import linear_by_size
 from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
 from ember.uop.ops import Ops
 from ember.uop.symbolic import simplify
@@ -46,7 +47,7 @@ MAX_INLINE_OPCOUNT = 400
 EXTERN_KERNELS = {
     torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm,
     torch.ops.aten.convolution, torch.ops.aten.convolution_backward,
-    torch.ops.mkldnn._convolution_pointwise, torch.ops.mkldnn._linear_pointwise,  # ember/passes/mkldnn.py
+    torch.ops.mkldnn._convolution_pointwise, torch.ops.mkldnn._linear_pointwise, linear_by_size,  # passes/mkldnn.py
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward,
     # CUDA attention kernels (flash, memory-efficient, cuDNN) and their backwards

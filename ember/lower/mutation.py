@@ -32,8 +32,8 @@ from ember.lower.context import LoweringContext
 from ember.lower.pointwise import operand
 from ember.lower.registry import Unsupported, register
 from ember.lower.values import TensorValue, axis
-from ember.uop.ops import Ops, UOp
-from ember.uop.symbolic import distributed_terms, simplify
+from ember.uop.ops import Ops
+from ember.uop.symbolic import element_form
 
 aten = torch.ops.aten
 
@@ -83,16 +83,9 @@ def _inputs_read(m: InputMutation) -> set[str]:
 def _apart_from_own_reads(ctx: LoweringContext, m: InputMutation) -> InputMutation:
     """`m`, its value computed into a fresh buffer first when it reads its own input at another
     element than the one it stores."""
-    stored = _position(m.buffer.layout.index([axis(i) for i in range(len(m.buffer.layout.size))]))
+    stored = element_form(m.buffer.layout.index([axis(i) for i in range(len(m.buffer.layout.size))]))
     reads = [u.src[1] for u in m.value.body.toposort if u.op is Ops.INDEX and u.src[0].op is Ops.BUFFER
              and u.src[0].arg.name == m.buffer.name]  # fmt: skip
-    if all(_position(index) == stored for index in reads):
+    if all(element_form(index) == stored for index in reads):
         return m
     return InputMutation(m.buffer, ctx.realized(m.value, m.origin), m.origin)
-
-
-def _position(index: UOp) -> object:
-    """A canonical form of an element index: equal for equal affine indexes however built."""
-    simplified = simplify(index)
-    form = distributed_terms(simplified)
-    return simplified if form is None else (frozenset(form[0].items()), form[1])

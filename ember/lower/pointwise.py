@@ -290,7 +290,7 @@ def lower_fma(ctx: LoweringContext, node: torch.fx.Node, a, b, c) -> TensorValue
     return elementwise(node, multiply_add, (a, b, c))
 
 
-@register(aten.div)
+@register(aten.div, aten.true_divide)
 def lower_div(ctx: LoweringContext, node: torch.fx.Node, a, b, rounding_mode: str | None = None) -> TensorValue:
     if rounding_mode is None:
         return elementwise(node, truediv, (a, b), Promotion.INT_TO_FLOAT)
@@ -346,6 +346,16 @@ def lower_to_copy(ctx: LoweringContext, node: torch.fx.Node, x, **kwargs) -> Ten
     if meta.device != source:
         raise Unsupported("copies to another device go through aten")
     result = from_torch(meta.dtype)
+    return TensorValue(x.shape, result, x.body.cast(result))
+
+
+@register_by_name("prims::convert_element_type")
+def lower_convert_element_type(ctx: LoweringContext, node: torch.fx.Node, x, dtype: torch.dtype) -> TensorValue:
+    """AOTAutograd's cast of a float dynamo passes as a 0-d float64 tensor (`dynamic=True` leaves
+    Python floats unspecialized: GPT-2's math.pi), else a call to aten per use."""
+    if not isinstance(x, TensorValue):
+        raise Unsupported("a cast of a Python number")
+    result = from_torch(dtype)
     return TensorValue(x.shape, result, x.body.cast(result))
 
 

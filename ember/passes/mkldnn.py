@@ -140,7 +140,7 @@ def linear(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, w: torc
     `relu`: relu is a post-op (config.mkldnn_relu)."""
     if not _fuses_an_epilogue(node, b, relu) or not _linear_pays(node, x, w, b, out_dim=0):
         return None
-    return meta.call(graph, torch.ops.mkldnn._linear_pointwise.default, (x, w, b, "none", [], ""), like=_dense(node))
+    return _linear_call(graph, node, (x, w, b, "none", [], ""))
 
 
 def linear_of_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, y: torch.fx.Node,
@@ -156,8 +156,51 @@ def linear_of_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Nod
     if not _fuses_an_epilogue(node, b, relu) or not _linear_pays(node, x, y, b, out_dim=1):
         return None
     weight = meta.call(graph, aten.permute.default, (y, [1, 0]))
-    args: tuple = (x, weight, b, "none", [], "")
-    return meta.call(graph, torch.ops.mkldnn._linear_pointwise.default, args, like=_dense(node))
+    return _linear_call(graph, node, (x, weight, b, "none", [], ""))
+
+
+def _linear_call(graph: torch.fx.Graph, node: torch.fx.Node, args: tuple) -> torch.fx.Node:
+    """oneDNN's linear in place of `node`, or for a symbolic one, `linear_by_size`."""
+    weight = args[1].meta["val"]
+    target = linear_by_size if _symbolic_linear(node, weight.shape[1]) else torch.ops.mkldnn._linear_pointwise.default
+    return meta.call(graph, target, args, like=_dense(node))
+
+
+def _symbolic_linear(node: torch.fx.Node, in_features: Any) -> bool:
+    return any(isinstance(s, torch.SymInt) for s in (*node.meta["val"].shape, in_features))
+
+
+# Note: a symbolic linear picks its matmul at run time
+# oneDNN's linear wins from about LINEAR_MIN_MACS multiply-adds and loses below (its fixed cost,
+# and a copy of the weight into its own layout at every call). A graph with symbolic sizes serves
+# every row count, so the threshold taken at the example's sizes would decide all of them by the
+# first (a prompt of thousands of rows, a decode step of one). Such a linear is `linear_by_size`,
+# a function the wrapper calls (kept in the graph cache by name: runtime/graph_cache.py), which
+# asks the sizes each call gets. Under fake tensors (a SymInt count) it answers oneDNN's result,
+# whose layout the other path's has too (row-major), so tracing it adds no guard.
+
+
+def linear_by_size(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, attr: str, scalars: list,
+                   algorithm: str) -> torch.Tensor:  # fmt: skip
+    """`mkldnn._linear_pointwise(x, weight, bias, attr, scalars, algorithm)`, by aten's mm or addmm
+    and the post-op in place below LINEAR_MIN_MACS multiply-adds (Note: a symbolic linear picks
+    its matmul at run time)."""
+    macs = x.shape[0] * weight.shape[0] * weight.shape[1]
+    if not isinstance(macs, int) or macs >= LINEAR_MIN_MACS:
+        return torch.ops.mkldnn._linear_pointwise.default(x, weight, bias, attr, scalars, algorithm)
+    out = torch.mm(x, weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
+    return ACTIVATIONS_IN_PLACE[attr](out)
+
+
+# oneDNN post-op -> aten's activation, in place on a fresh matmul result (POST_OPS and RELU_POST_OP)
+ACTIVATIONS_IN_PLACE = {
+    "none": lambda out: out,
+    "sigmoid": torch.sigmoid_,
+    "tanh": torch.tanh_,
+    "swish": lambda out: torch.nn.functional.silu(out, inplace=True),
+    "relu": torch.relu_,
+    "gelu": lambda out: torch.nn.functional.gelu(out, approximate="tanh"),  # the only gelu post-op (post_op)
+}
 
 
 def _fuses_an_epilogue(node: torch.fx.Node, b: Any, relu: bool) -> bool:
@@ -220,11 +263,8 @@ def _linear_pays(node: torch.fx.Node, x: Any, weight: Any, b: Any, out_dim: int)
     in_features = weight.meta["val"].shape[1 - out_dim]
     if not _row_major(x.meta["val"], in_features):
         return False  # oneDNN copies the whole input first; aten's BLAS reads it in place
-    if any(isinstance(s, torch.SymInt) for s in (*node.meta["val"].shape, in_features)):
-        # Note: symbolic sizes. The size thresholds below, taken at the example's sizes, would
-        # decide every shape by the first (a graph compiled at a few rows serves thousands):
-        # a symbolic linear takes oneDNN, whose fixed cost matters only at the smallest sizes
-        return True
+    if _symbolic_linear(node, in_features):
+        return True  # decided at every call (Note: a symbolic linear picks its matmul at run time)
     if node.meta["val"].numel() * in_features < max(LINEAR_MIN_MACS, 1):
         return False
     scratchpad = linear_scratchpad_bytes(x.meta["val"], in_features, torch.get_num_threads())
@@ -254,7 +294,7 @@ def post_op(node: torch.fx.Node, relu: bool) -> tuple[str | None, str]:
 
 x, w, y, b = FxPat.var("x"), FxPat.var("w"), FxPat.var("y"), FxPat.var("b")
 weight_t = FxPat((aten.permute.default,), w, [1, 0])
-linear_result = FxPat(torch.ops.mkldnn._linear_pointwise.default, name="lin", one_user=True)
+linear_result = FxPat((torch.ops.mkldnn._linear_pointwise.default, linear_by_size), name="lin", one_user=True)
 
 
 def pm_mkldnn_linear(relu: bool) -> FxPatternMatcher:

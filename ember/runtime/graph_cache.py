@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from ember.passes.mkldnn import linear_by_size
 from ember.runtime.cache import CorruptEntry, content_hash, discard, entry_path, log, read_entry, write_entry
 
 
@@ -116,6 +117,11 @@ class Unencodable(Exception):
     pass
 
 
+# ember's own functions a wrapper may call in place of an aten op, by name (only these: a cache
+# entry never names code to import)
+WRAPPER_FUNCTIONS = {"linear_by_size": linear_by_size}
+
+
 def encode_object(value: Any) -> dict:
     """A wrapper object (an op that is not an aten OpOverload literal) as JSON: by name."""
     if isinstance(value, torch._ops.OpOverload):
@@ -126,6 +132,8 @@ def encode_object(value: Any) -> dict:
         encoded = {"higher_order": value.name()}
     elif isinstance(value, complex):
         encoded = {"complex": [value.real, value.imag]}
+    elif any(value is f for f in WRAPPER_FUNCTIONS.values()):
+        encoded = {"function": value.__name__}
     else:
         raise Unencodable(f"no plain encoding for a {type(value).__name__}")
     decoded = decode_object(encoded)
@@ -135,6 +143,10 @@ def encode_object(value: Any) -> dict:
 
 
 def decode_object(encoded: dict) -> Any:
+    if "function" in encoded:
+        if encoded["function"] not in WRAPPER_FUNCTIONS:
+            raise CorruptEntry(f"unknown wrapper function {encoded['function']!r}")
+        return WRAPPER_FUNCTIONS[encoded["function"]]
     if "complex" in encoded:
         real, imag = encoded["complex"]
         return complex(real, imag)

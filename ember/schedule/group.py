@@ -16,7 +16,7 @@ from ember.ir import ComputedBuffer, Layout
 from ember.lower.values import axis
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import Ops, RangeKind, UOp, substitute
-from ember.uop.symbolic import addends, distributed_terms, linear_terms, simplify
+from ember.uop.symbolic import addends, element_form, linear_terms, simplify
 from ember.uop.symbolic_division import below, exact_quotient, factors
 from ember.uop.variables import index_size
 
@@ -153,7 +153,7 @@ def unsafe_in_place_read(group: list[ComputedBuffer], bodies: dict[str, UOp], al
     and the group has no reductions. The reason it is unsafe, or None."""
     _, placements = alignment
     in_group = [{axis(i): axis(dim) for i, dim in enumerate(placement)} for placement in placements]
-    stored = {c.name: _element(c.buffer.layout.index([axis(i) for i in range(len(c.buffer.layout.size))]), to_group)
+    stored = {c.name: element_form(substitute(_element_index(c), to_group))
               for c, to_group in zip(group, in_group) if c.buffer.kind == "input"}  # fmt: skip
     if not stored:
         return None
@@ -163,13 +163,10 @@ def unsafe_in_place_read(group: list[ComputedBuffer], bodies: dict[str, UOp], al
                 return f"{c.name} reduces in a kernel that stores into input {', '.join(stored)} in place"
             if u.op is Ops.INDEX and u.src[0].op is Ops.BUFFER and u.src[0].arg.name in stored:
                 name = u.src[0].arg.name
-                if _element(u.src[1], to_group) != stored[name]:
+                if element_form(substitute(u.src[1], to_group)) != stored[name]:
                     return f"{c.name} reads input {name} at other elements than the kernel stores in place"
     return None
 
 
-def _element(index: UOp, to_group: dict[UOp, UOp]) -> object:
-    """A canonical form of an element index in the group's axes (equal affine forms compare equal)."""
-    simplified = simplify(substitute(index, to_group))
-    form = distributed_terms(simplified)
-    return simplified if form is None else (frozenset(form[0].items()), form[1])
+def _element_index(c: ComputedBuffer) -> UOp:
+    return c.buffer.layout.index([axis(i) for i in range(len(c.buffer.layout.size))])

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import Ops, UOp
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
-from ember.uop.symbolic_division import addends, pm_symbolic_division, sum_of
+from ember.uop.symbolic_division import addends, expanded_terms, factors, pm_symbolic_division, sum_of
 
 INTS: tuple[DType, ...] = tuple(d for d in vars(dtypes).values() if isinstance(d, DType) and d.is_int)
 BOUNDED_INTS: tuple[DType, ...] = tuple(d for d in INTS if d.kind in ("int", "index"))
@@ -244,6 +244,24 @@ def distributed_terms(index: UOp, opaque: bool = False) -> tuple[dict[UOp, int],
     if not add(index, 1):
         return None
     return {u: k for u, k in coefficients.items() if k != 0}, offset
+
+
+def element_form(index: UOp) -> object:
+    """A canonical form of an element index, equal for indexes equal as sums of products however
+    they were built: its distributed terms when affine with constant coefficients ((a*64 + b)*1024
+    and a*65536 + b*1024), else its products distributed and counted by their factors, which a
+    symbolic stride needs ((a + b*s)*1024 and a*1024 + b*(s*1024), Note: symbolic sizes). Unequal
+    forms say nothing: a caller that compares them only declines (an in-place store, a fusion)."""
+    simplified = simplify(index)
+    form = distributed_terms(simplified)
+    if form is not None:
+        return frozenset(form[0].items()), form[1]
+    terms: dict[frozenset, int] = {}
+    for term in expanded_terms(simplified):
+        constant, found = factors(term)
+        key = frozenset(found.items())
+        terms[key] = terms.get(key, 0) + constant
+    return frozenset((k, c) for k, c in terms.items() if c != 0)
 
 
 def coefficient(term: UOp) -> tuple[UOp | None, int]:

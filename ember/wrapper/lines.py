@@ -13,11 +13,12 @@ from ember.uop.dtypes import to_torch
 from ember.uop.variables import size_source as S
 
 
-def tensor_expr(ref: BufferRef, own_layout: Layout) -> str:
-    """Python for the tensor `ref` names: the buffer itself, or a view of it."""
+def tensor_expr(ref: BufferRef, own_layout: Layout, view: str = "as_strided") -> str:
+    """Python for the tensor `ref` names: the buffer itself, or a view of it; `view` "reinterpret"
+    for a tensor of its own on the buffer's storage (Note: outputs are never views, wrapper/runtime.py)."""
     if ref.layout == own_layout:
         return ref.name
-    return f"as_strided({ref.name}, {S(ref.layout.size)}, {S(ref.layout.stride)}, {S(ref.layout.offset)})"
+    return f"{view}({ref.name}, {S(ref.layout.size)}, {S(ref.layout.stride)}, {S(ref.layout.offset)})"
 
 
 @dataclass
@@ -160,7 +161,8 @@ class FreeIfNotReused:
 
 @dataclass
 class Reuse:
-    """`new` takes over the storage of `old` (same dtype and bytes), viewed with its layout."""
+    """`new` takes over the storage of `old` (same dtype and bytes) with its own layout, as a
+    tensor of its own, never a view of `old` (Note: outputs are never views, wrapper/runtime.py)."""
 
     old: Buffer
     new: Buffer
@@ -169,7 +171,7 @@ class Reuse:
         if self.old.layout == self.new.layout:
             view = self.old.name
         else:
-            view = f"as_strided({self.old.name}, {S(self.new.layout.size)}, {S(self.new.layout.stride)})"
+            view = f"reinterpret({self.old.name}, {S(self.new.layout.size)}, {S(self.new.layout.stride)})"
         return f"{self.new.name} = {view}; del {self.old.name}  # reuse"
 
 

@@ -33,7 +33,7 @@ import torch
 from ember.wrapper.runtime import (
     GpuErrorFlags, KernelErrorFlag, as_strided, assert_layout, empty_large, empty_strided, ensure_layout, load_kernel,
     constant_on, load_triton_kernel, profiled_call, profiler_active, random_offset, random_seed, random_seed_value,
-    record_function, report_earlier_gpu_errors, search_cpu_kernel, tree_leaves,
+    record_function, reinterpret, report_earlier_gpu_errors, search_cpu_kernel, tree_leaves,
 )
 
 aten = torch.ops.aten
@@ -325,7 +325,7 @@ def _literal(value: Any, objects: list, inner: Callable[[Any], str] | None = Non
 def _output_expr(output, buffers: dict, graph: LoweredGraph, objects: list) -> str:
     if output.ref is None:
         return _literal(output.constant, objects)
-    return L.tensor_expr(output.ref, buffers[output.ref.name].layout)
+    return L.tensor_expr(output.ref, buffers[output.ref.name].layout, view="reinterpret")
 
 
 def load_wrapper(wrapper: WrapperSource, constants: dict[str, Any], cache_dir: Path) -> tuple[Callable, Path]:

@@ -52,11 +52,29 @@ def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
     return t.as_strided(size, stride, t.storage_offset() + offset)
 
 
+# Note: outputs are never views
+#     A buffer the wrapper returns in another layout than its own (a reshape of a matmul's result),
+#     or one that takes over a freed buffer's storage (wrapper/plan.py), could be an `as_strided`
+#     view, but eager's output of that op is a tensor of its own (`_base` None). Dynamo guards on
+#     the `_base` of a view it is given, so a compiled output fed back into the compiled function
+#     (a generate() loop's KV cache, written by a prefill graph and read by a decode graph) made
+#     the next call, fed a plain tensor, compile the graph again. `reinterpret` gives the same
+#     storage and layout as a tensor of its own.
+
+
+def reinterpret(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
+    """`as_strided(t, size, stride, offset)` as a tensor of its own, not a view of `t` (Note:
+    outputs are never views)."""
+    storage_offset = t.storage_offset() + offset
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), storage_offset, size, stride)
+
+
 __all__ = [
     "GpuErrorFlags", "KernelErrorFlag", "load_triton_kernel", "constant_on", "random_seed", "random_seed_value",
     "random_offset",
-    "as_strided", "assert_layout", "empty_large", "empty_strided", "ensure_layout", "load_kernel", "search_cpu_kernel",
-    "tree_leaves", "profiler_active", "profiled_call", "record_function", "report_earlier_gpu_errors",
+    "as_strided", "reinterpret", "assert_layout", "empty_large", "empty_strided", "ensure_layout", "load_kernel",
+    "search_cpu_kernel", "tree_leaves", "profiler_active", "profiled_call", "record_function",
+    "report_earlier_gpu_errors",
 ]  # fmt: skip
 
 
