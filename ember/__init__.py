@@ -17,15 +17,18 @@ from ember.explain import explain  # noqa: E402
 from ember.metrics import metrics  # noqa: E402
 from ember.report import report  # noqa: E402
 
-__all__ = ["compile", "ember_backend", "explain", "metrics", "report", "__version__"]
+__all__ = ["check_gpu_errors", "compile", "ember_backend", "explain", "metrics", "report", "__version__"]
 
 if TYPE_CHECKING:
     from ember.frontend import compile, ember_backend
+    from ember.wrapper.runtime import check_gpu_errors
+
+_LAZY = {"compile": "ember.frontend", "ember_backend": "ember.frontend", "check_gpu_errors": "ember.wrapper.runtime"}
 
 
 def __getattr__(name: str) -> Any:
-    if name not in ("compile", "ember_backend"):
+    if name not in _LAZY:
         raise AttributeError(f"module 'ember' has no attribute {name!r}")
-    value = getattr(importlib.import_module("ember.frontend"), name)
+    value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value  # later lookups skip this function
     return value

@@ -162,6 +162,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
             config.buffer_pool_mb << 20,
             config.verify,
             labels,
+            config.gpu_error_checks == "deferred",
         )
         call, path = load_wrapper(wrapper, graph.constants, Path(config.cache_dir))
         if config.verify:  # Note: verifying a compiled graph

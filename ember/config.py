@@ -55,6 +55,11 @@ class Config:
     fusion: bool = _flag(True, "EMBER_FUSION", True, "let the scheduler fuse computed buffers into kernels")
     graph_cache: bool = _flag(True, "EMBER_GRAPH_CACHE", False, "load graphs compiled before from the cache")
     explain_file: str = _flag("", "EMBER_EXPLAIN_FILE", False, "append each graph's explanation to this file")
+    partitioner: str = _flag("min_cut", "EMBER_PARTITIONER", False,
+                             "how AOTAutograd splits a training graph: min_cut saves fewer activations for the "
+                             "backward, which recomputes cheap ones in its own kernels; default saves every value "
+                             "the backward reads (Note: the partitioner, frontend.py)",
+                             choices=("min_cut", "default"))  # fmt: skip
     fallback_random: bool = _flag(False, "EMBER_FALLBACK_RANDOM", True,
                                   "random ops call aten: eager's generator and values, no fusion")  # fmt: skip
     compile_threads: int = _flag(0, "EMBER_COMPILE_THREADS", False,
@@ -80,6 +85,12 @@ class Config:
                               "relu as a oneDNN post-op too: faster, but relu(NaN) gives 0, not NaN")  # fmt: skip
     pre_passes: tuple = _flag((), "", False, "callables f(graph: torch.fx.Graph) run before ember's passes")
     post_passes: tuple = _flag((), "", False, "callables f(graph: torch.fx.Graph) run after ember's passes")
+    gpu_error_checks: str = _flag("deferred", "EMBER_GPU_ERROR_CHECKS", True,
+                                  "when a call reads what its Triton kernels reported (a bad index): deferred, at "
+                                  "the thread's next ember call on the GPU, without waiting for the GPU (as CUDA "
+                                  "reports its own errors, late); sync, at the end of the call itself, waiting for "
+                                  "the GPU each call (Note: deferred GPU error checks)",
+                                  choices=("deferred", "sync"))  # fmt: skip
     verify: bool = _flag(False, "EMBER_VERIFY", False,
                          "run each compiled call also as the aten graph in float64 eager and warn (raise under "
                          "strict) naming the first kernel whose output differs, its aten nodes and source line "

@@ -68,6 +68,19 @@ def test_pointwise_loops_are_one_masked_x_index():
     assert store.src[2].op is Ops.CMPLT  # the x mask
 
 
+def test_a_contiguous_pointwise_kernel_indexes_by_its_block_position():
+    """The flattened x index split into the loops' dims and rejoined ((x//7)*7 + x%7) is x
+    again: the program divides nothing, while a transposed read still does."""
+    x, out = _buffer("p1", 6 * 7), _buffer("p0", 6 * 7)
+    i, j = UOp.range(6, 0), UOp.range(7, 1)
+    contiguous = block_rewrite(UOp(Ops.SINK, dtypes.void, (_store(out, i * 7 + j, _load(x, i * 7 + j) * 2.0),)))
+    (program,) = programs(contiguous).values()
+    assert not any(u.op in (Ops.IDIV, Ops.MOD) for u in program)
+    transposed = block_rewrite(UOp(Ops.SINK, dtypes.void, (_store(out, i * 7 + j, _load(x, j * 6 + i) * 2.0),)))
+    (program,) = programs(transposed).values()
+    assert any(u.op is Ops.IDIV for u in program) and any(u.op is Ops.MOD for u in program)
+
+
 def test_the_block_stage_wants_masks_and_no_reductions():
     sink = softmax(4, 8)
     with pytest.raises(IRError, match="blocked stage.*REDUCE does not exist"):

@@ -92,7 +92,9 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 def train(model: nn.Module, batches: list) -> dict:
     """STEPS of SGD on `model`; each step's loss and gradients (this rank's part)."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    # foreach=False: CUDA's default foreach update cannot mix DTensor and plain parameters
+    # (tensor-parallel scenarios shard only some); one update per parameter is the same math.
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
     losses, grads = [], []
     for x, target in batches:
         optimizer.zero_grad()

@@ -83,3 +83,64 @@ def test_kernel_errors_name_the_offending_index(op, bad):
     assert "reported by an ember kernel" in str(got.value)
     i[1] = -2 if op in WRAPS_NEGATIVE else 4
     torch.testing.assert_close(compiled(x, i).cpu(), fn(x.cpu(), i.cpu()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the interpreter reads the rows at once)")
+def test_deferred_gpu_errors_are_raised_by_a_later_call(monkeypatch):
+    """By default a GPU call does not wait for its kernels' error rows: the thread's next call,
+    or `ember.check_gpu_errors()`, raises them (Note: deferred GPU error checks)."""
+    import ember
+
+    monkeypatch.setenv("EMBER_GPU_ERROR_CHECKS", "deferred")
+    fn = BAD_POSITIONS["embedding"]
+    x, good = torch.randn(6, 5, device="cuda"), torch.tensor([1, 4, 2], device="cuda")
+    bad = torch.tensor([1, 123, 2], device="cuda")
+    compiled = compile_fn(fn)
+    compiled(x, bad)  # returns: the rows are read later
+    torch.cuda.synchronize()
+    with pytest.raises(IndexError, match="index 123 .*earlier call on this thread"):
+        compiled(x, good)
+    torch.testing.assert_close(compiled(x, good), fn(x, good))
+    compiled(x, bad)
+    with pytest.raises(IndexError, match="index 123 "):
+        ember.check_gpu_errors()
+    ember.check_gpu_errors()  # nothing left
+    torch.testing.assert_close(compiled(x, good), fn(x, good))
+
+
+class _FakeEvent:
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+def test_deferred_checks_raise_once_their_kernels_finish_and_only_on_their_thread():
+    """The queue of deferred GPU checks, with stand-in events: a check whose kernels have not
+    finished stays queued, a finished one raises once, and other threads never see it."""
+    import threading
+
+    from ember.wrapper import runtime
+
+    event = _FakeEvent()
+    rows = torch.tensor([[0, 0, 0, 0], [1, 77, 0, 0]])
+    errors = [[("IndexError", "index {value} is out of bounds for dimension 0 with size 6")]] * 2
+    runtime._pending.queue.append(runtime._DeferredCheck(rows, event, errors))
+    runtime.report_earlier_gpu_errors()  # not finished: nothing yet
+    seen = []
+    other = threading.Thread(target=lambda: seen.append(runtime.check_gpu_errors()))
+    other.start()
+    other.join()
+    assert seen == [None] and len(runtime._pending.queue) == 1
+    event.done = True
+    with pytest.raises(IndexError, match="index 77 is out of bounds.*earlier call on this thread"):
+        runtime.report_earlier_gpu_errors()
+    runtime.report_earlier_gpu_errors()  # raised once
+    runtime._pending.queue.append(runtime._DeferredCheck(rows, _FakeEvent(), errors))
+    with pytest.raises(IndexError, match="index 77 "):
+        runtime.check_gpu_errors()  # waits for it
+    assert not runtime._pending.queue

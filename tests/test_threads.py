@@ -42,13 +42,13 @@ def valid_checks_first(monkeypatch, flag_class) -> None:
     barrier, valid_read = threading.Barrier(2, timeout=60), threading.Event()
     check = flag_class.check
 
-    def check_in_order(self, errors):
+    def check_in_order(self, errors, **deferred):
         barrier.wait()
         valid = threading.current_thread().name == "worker-0"
         if not valid:
             assert valid_read.wait(60)
         try:
-            return check(self, errors)
+            return check(self, errors, **deferred)
         finally:
             if valid:
                 valid_read.set()
@@ -334,14 +334,23 @@ def test_threads_racing_new_shapes_of_a_dynamic_graph(symbolic, monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_gpu_calls_racing_first_launches_and_errors():
+@pytest.mark.parametrize("checks", ["sync", "deferred"])
+def test_gpu_calls_racing_first_launches_and_errors(checks, monkeypatch):
     """On a GPU: first calls race the Triton launchers' tuning and fast-path compiles, and one
-    thread of four passes an index out of range; every call gets its own result or error."""
+    thread of four passes an index out of range; every call gets its own result or error.
+    Deferred (Note: deferred GPU error checks): each thread's own check raises its own errors."""
+    monkeypatch.setenv("EMBER_GPU_ERROR_CHECKS", checks)
     weight = torch.randn(4096, 256, device="cuda")
     good = torch.randint(0, 4096, (8192,), device="cuda")
     bad = good.clone()
     bad[5000] = 4096
-    fn = compile_fn(embed_twice)
+    compiled = compile_fn(embed_twice)
+
+    def fn(w, i):
+        out = compiled(w, i)
+        wrapper_runtime.check_gpu_errors()  # (sync: nothing queued)
+        return out
+
     want = embed_twice(weight, good)
     wrong = wrong_outcomes(fn, weight, good, bad, want, calls=50, start=threading.Barrier(4, timeout=300))
     assert not wrong, f"{len(wrong)} wrong outcomes, e.g. {wrong[:3]}"

@@ -44,7 +44,7 @@ from ember.uop.ops import (
 )
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite, rewrite_each_once
 from ember.uop.spec import Stage, verify
-from ember.uop.symbolic import linear_terms, pm_symbolic
+from ember.uop.symbolic import BOUNDED_INTS, linear_terms, pm_symbolic, recombine_div_mod
 from ember.uop.symbolic_division import factors
 
 
@@ -55,6 +55,9 @@ class Step:
     name: str
     run: Callable[[UOp], UOp]
     stage: Stage
+
+
+pm_recombine = PatternMatcher([(UPat(Ops.ADD, dtype=BOUNDED_INTS, name="u"), recombine_div_mod)])
 
 
 def run_steps(sink: UOp, steps: list[Step], check: bool = False) -> UOp:
@@ -115,7 +118,8 @@ def block_rewrite(sink: UOp, check: bool = False) -> UOp:
 def block_lowering(sink: UOp, plan: BlockPlan, variant: str, check: bool = False) -> UOp:
     """A block backend's last step, once per variant of its plan: the block_rewrite result as
     block UOps, the linearizer's input (Note: block lowering, codegen/block_lowering.py)."""
-    lowered = lower_blocks(sink, plan, variant)
+    # the flattened block index split into the plan's dims and rejoined ((x//k)*k + x%k) is x again
+    lowered = graph_rewrite(lower_blocks(sink, plan, variant), pm_recombine)
     return verify(lowered, Stage.BLOCKED, "lower_blocks") if check else lowered
 
 

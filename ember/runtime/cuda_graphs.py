@@ -107,7 +107,7 @@ class _Recording:
     copied: list[int]  # the inputs copied into static buffers before each replay
     storages: list[torch.UntypedStorage]  # pool storages the outputs lie on
     outputs: list[_Output]
-    error_checks: list = field(default_factory=list)  # (GpuErrorFlags, errors) recorded in it
+    error_checks: list = field(default_factory=list)  # (GpuErrorFlags, errors, deferred) recorded in it
     done: torch.cuda.Event | None = None  # recorded after its last replay
 
     def matches(self, args: list) -> bool:
@@ -244,8 +244,8 @@ class CudaGraphRunner:
         recording.done = torch.cuda.Event()
         recording.done.record(stream)
         metrics.add(cuda_graph_replays=1)
-        for flags, errors in recording.error_checks:
-            flags.check(errors)
+        for flags, errors, deferred in recording.error_checks:
+            flags.check(errors, deferred)
         args.clear()
         return outputs
 

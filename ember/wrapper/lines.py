@@ -193,13 +193,15 @@ class Null:
 
 @dataclass
 class CheckGpuErrors:
-    """Raise what a Triton kernel of this call reported (one sync per call; Note: kernel
-    errors on the GPU, renderer/triton.py)."""
+    """Raise what a Triton kernel of this call reported (Note: kernel errors on the GPU,
+    renderer/triton.py): now, waiting for the GPU, or `deferred` to a later call (Note: deferred
+    GPU error checks, wrapper/runtime.py)."""
 
     errors: list[list[tuple[str, str]]]  # per slot: (exception name, message) per error code
+    deferred: bool = True
 
     def render(self) -> str:
-        return f"_gpu_errors.check({self.errors!r})"
+        return f"_gpu_errors.check({self.errors!r}, deferred={self.deferred})"
 
 
 @dataclass

@@ -33,7 +33,7 @@ import torch
 from ember.wrapper.runtime import (
     GpuErrorFlags, KernelErrorFlag, as_strided, assert_layout, empty_large, empty_strided, ensure_layout, load_kernel,
     constant_on, load_triton_kernel, profiled_call, profiler_active, random_offset, random_seed, random_seed_value,
-    record_function, search_cpu_kernel, tree_leaves,
+    record_function, report_earlier_gpu_errors, search_cpu_kernel, tree_leaves,
 )
 
 aten = torch.ops.aten
@@ -72,12 +72,15 @@ def generate_wrapper(
     pool_bytes: int = 0,
     verify: bool = False,
     labels: dict[int, str] | None = None,
+    deferred_gpu_errors: bool = True,
 ) -> WrapperSource:
     """`host_inputs`: inputs of a CUDA graph that come on the CPU (0-d tensors, as eager allows).
     `huge_pages`: large CPU buffers are allocated in huge pages; `pool_bytes`: the most bytes of
     them kept for reuse (runtime/memory.py). `verify`: `call(args, _check)` hands each step's
     finished buffers to `_check` (Note: verifying a compiled graph, wrapper/verify.py).
-    `labels`: each step's name under the profiler (Note: profiler ranges, wrapper/runtime.py)."""
+    `labels`: each step's name under the profiler (Note: profiler ranges, wrapper/runtime.py).
+    `deferred_gpu_errors`: what Triton kernels report is read at a later call (Note: deferred GPU
+    error checks, wrapper/runtime.py), not by waiting for the GPU at the end of this one."""
     device = device or torch.device("cpu")
     labels = labels or {}
     objects: list[Any] = []
@@ -131,7 +134,7 @@ def generate_wrapper(
         body += [L.FreeIfNotReused(buffers[name]) for name in sorted(freed[i]) if name not in unread]
         body += [L.Del(sorted(dropped[i]))] if dropped[i] else []
     if gpu_errors:
-        body.append(L.CheckGpuErrors(gpu_errors))
+        body.append(L.CheckGpuErrors(gpu_errors, deferred_gpu_errors))
     body.append(L.Return([_output_expr(o, buffers, graph, objects) for o in graph.outputs]))
     body, peak = plan_memory(body)
     source = _module_source(graph, kernels, body, device, len(gpu_errors), verify)
@@ -227,7 +230,8 @@ def _module_source(graph: LoweredGraph, kernels: dict[int, KernelBinary], body: 
     call = [f"def call({params}):"]
     body_function = "call"
     if device.type == "cuda":  # Triton launches on the current device
-        call = [f"def call({params}):", "    with torch.cuda.device(_device):", f"        return _call({params})", "",
+        call = [f"def call({params}):", "    report_earlier_gpu_errors()  # Note: deferred GPU error checks",
+                "    with torch.cuda.device(_device):", f"        return _call({params})", "",
                 f"def _call({params}):"]  # fmt: skip
         body_function = "_call"
     call.append("    if profiler_active():  # Note: profiler ranges")
