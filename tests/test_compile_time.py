@@ -179,3 +179,26 @@ def test_torch_logs_output_code_shows_embers_kernels_and_wrapper(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "ember output code, inference graph" in result.stderr
     assert "kernels/" in result.stderr and "wrapper.py" in result.stderr
+
+
+def test_graph_key_reads_the_graph_without_generating_its_python():
+    """AOTAutograd's graphs generate their Python lazily; the graph key spells the nodes itself
+    (runtime/graph_cache.py graph_text), so a compiled graph's Python is never generated (for an
+    optimizer step's graph of thousands of nodes, a good part of a second). The key still tells
+    apart graphs that differ in one argument and is the same for the same graph traced again."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module, _use_lazy_graph_module
+
+    from ember.runtime.graph_cache import graph_key
+
+    def traced(scale: float) -> torch.fx.GraphModule:
+        gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.mul.Tensor(x, scale) + 1)
+        with _use_lazy_graph_module(True):
+            return _make_graph_module(gm, gm.graph)
+
+    inputs = [torch.randn(4)]
+    lazy = traced(2.0)
+    assert isinstance(lazy, _LazyGraphModule) and lazy._needs_recompile()
+    key = graph_key(lazy, inputs, "config", "identity")
+    assert lazy._needs_recompile()
+    assert key == graph_key(traced(2.0), inputs, "config", "identity")
+    assert key != graph_key(traced(3.0), inputs, "config", "identity")

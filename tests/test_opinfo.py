@@ -21,7 +21,7 @@ from tests.conformance_layouts import VARIANTS, relayout
 POINTWISE = [
     "add", "mul", "div.no_rounding_mode", "abs", "exp", "log", "sigmoid", "nn.functional.gelu", "clamp", "where",
     "maximum", "pow", "remainder", "addcmul", "acosh", "digamma", "copysign", "signbit", "nn.functional.elu",
-    "round.decimals_3",
+    "round.decimals_3", "lerp", "addcdiv",
 ]  # fmt: skip
 REDUCTIONS = [
     "sum", "mean", "amax", "prod", "argmax", "var", "max.reduction_with_dim", "any", "logsumexp",

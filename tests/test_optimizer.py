@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from tests.helpers import compile_fn, cpu_kernels_only
+from tests.helpers import check_lowered, compile_fn, cpu_kernels_only
 
 OPTIMIZERS = {
     "adam": lambda params, foreach: torch.optim.Adam(params, lr=1e-2, foreach=foreach),
@@ -64,6 +64,56 @@ def test_addcmul_in_place_rounds_once():
     want = addcmul_in_place(c.double(), t1.double()).float()
     assert want[0].item() == 2**-24 and torch.equal(got, want)
     assert ember.metrics.fallback_calls == 0
+
+
+def test_moving_average_and_update_reach_lowering_whole():
+    """Adam's moving average (lerp_ with a number weight) and its update (addcdiv_) are lowered
+    whole (lower/pointwise.py): torch's decompositions trace both sides of lerp and a select per
+    element, which AOTAutograd and lowering would then pay once per parameter. Fails when they
+    are decomposed again."""
+    seen: set[str] = set()
+
+    def record(graph: torch.fx.Graph) -> None:
+        seen.update(str(n.target) for n in graph.nodes)
+
+    def step(p, g, m, v):
+        m.lerp_(g, 0.1)
+        v.mul_(0.999).add_(g * g, alpha=0.001)
+        p.addcdiv_(m * -0.01, v.sqrt().add_(1e-8))  # (with a value, dynamo writes a quotient and an fma)
+
+    torch.manual_seed(0)
+    p, g, m, v = torch.randn(64), torch.randn(64), torch.randn(64), torch.rand(64)
+    want = [x.clone() for x in (p, g, m, v)]
+    step(*want)
+    torch._dynamo.reset()
+    ember.compile(step, pre_passes=(record,))(p, g, m, v)
+    for got, expected in zip((p, m, v), (want[0], want[2], want[3])):
+        torch.testing.assert_close(got, expected)
+    assert {"aten.lerp.Scalar", "aten.addcdiv.default"} <= seen
+    assert "aten.where.self" not in seen
+
+
+LERP_WEIGHTS = (0.1, 0.7, -0.6, 1.0, 0.5, -0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_lerp_addcdiv_addcmul_match_eager(dtype):
+    """Each side of lerp (|weight| below and from 0.5, a number or a tensor of weights, weight 1
+    giving `end` exactly), addcdiv and addcmul with and without `value`, broadcast operands."""
+    torch.manual_seed(0)
+    start, end = torch.randn(8, 32, dtype=dtype), torch.randn(32, dtype=dtype)
+    weights = torch.tensor(LERP_WEIGHTS * 6, dtype=dtype)[:32]
+
+    def ops(start, end, weights):
+        lerps = [torch.lerp(start, end, w) for w in LERP_WEIGHTS] + [torch.lerp(start, end, weights)]
+        divisor = end.abs() + 1
+        return (*lerps, torch.addcdiv(start, end, divisor), torch.addcdiv(start, end, divisor, value=-0.3),
+                torch.addcmul(start, end, start, value=2.5), torch.addcmul(start, start, end))  # fmt: skip
+
+    tolerance = {"rtol": 1e-2, "atol": 1e-2} if dtype in (torch.float16, torch.bfloat16) else {}
+    check_lowered({"ops": ops}, start, end, weights, **tolerance)
+    exact_end = compile_fn(lambda s, e: torch.lerp(s, e, 1.0))(start, end)
+    assert torch.equal(exact_end, end.expand_as(start))
 
 
 def test_fma_low_precision_and_broadcast():

@@ -20,7 +20,7 @@ from ember.lower.foreach import foreach_decompositions
 
 aten = torch.ops.aten
 
-LOWERED_DIRECTLY = [aten.gelu, aten.hardtanh]
+LOWERED_DIRECTLY = [aten.gelu, aten.hardtanh, aten.lerp, aten.addcmul, aten.addcdiv]
 
 # Extern kernels by design. The flash-attention forward must also stay whole: its
 # decomposition returns a logsumexp its (extern) backward does not accept, which gives

@@ -22,6 +22,7 @@ Note: inputs written in place
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -62,18 +63,29 @@ def lower_copy_into_input(ctx: LoweringContext, node: torch.fx.Node, dst, src, n
 
 def emit_input_mutations(ctx: LoweringContext) -> None:
     """The stores into inputs, after every other step, in an order where no store's value reads an
-    input stored before it (Note: inputs written in place)."""
+    input stored before it (Note: inputs written in place). In rounds: each round stores every
+    pending input that no other pending value reads. Each value's reads are collected once and
+    counted per input, so a round costs one look-up per pending store, not a walk of every other
+    value's body (an optimizer step stores hundreds of inputs)."""
     pending = [_apart_from_own_reads(ctx, m) for m in ctx.mutations]
+    reads = [_inputs_read(m) for m in pending]
+    readers = Counter(name for names in reads for name in names)  # input -> pending values reading it
     while pending:
-        ready = [m for m in pending if not any(m.buffer.name in _inputs_read(o) for o in pending if o is not m)]
+        ready = [i for i, m in enumerate(pending) if readers[m.buffer.name] == (m.buffer.name in reads[i])]
         if not ready:  # each remaining input is read by another remaining value: compute one aside
             first = pending[0]
+            readers.subtract(reads[0])
             pending[0] = InputMutation(first.buffer, ctx.realized(first.value, first.origin), first.origin)
+            reads[0] = _inputs_read(pending[0])
+            readers.update(reads[0])
             continue
-        for m in ready:
-            ctx.graph.steps.append(ComputedBuffer(m.buffer, m.value.body, (m.origin,)))
-            ctx.graph.mutated_inputs.append(m.buffer.name)
-        pending = [m for m in pending if m not in ready]
+        for i in ready:
+            ctx.graph.steps.append(ComputedBuffer(pending[i].buffer, pending[i].value.body, (pending[i].origin,)))
+            ctx.graph.mutated_inputs.append(pending[i].buffer.name)
+            readers.subtract(reads[i])
+        done = set(ready)
+        pending = [m for i, m in enumerate(pending) if i not in done]
+        reads = [r for i, r in enumerate(reads) if i not in done]
 
 
 def _inputs_read(m: InputMutation) -> set[str]:

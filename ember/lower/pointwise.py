@@ -290,6 +290,43 @@ def lower_fma(ctx: LoweringContext, node: torch.fx.Node, a, b, c) -> TensorValue
     return elementwise(node, multiply_add, (a, b, c))
 
 
+def lerp(start: UOp, end: UOp, weight: UOp | float, near_start: UOp | bool) -> UOp:
+    """start + weight * (end - start), computed from `end` back when |weight| >= 0.5, so that a
+    weight of 1 gives `end` exactly and each side keeps its rounding error small (as eager's
+    kernel does). `near_start`: |weight| < 0.5, a bool when the weight is a number."""
+    difference = end - start
+    from_start = start + difference * weight
+    from_end = end - difference * (1 - weight if isinstance(weight, float | int) else weight.const_like(1) - weight)
+    if isinstance(near_start, bool):
+        return from_start if near_start else from_end
+    return near_start.where(from_start, from_end)
+
+
+@register(aten.lerp.Scalar, aten.lerp.Tensor)
+def lower_lerp(ctx: LoweringContext, node: torch.fx.Node, start, end, weight) -> TensorValue:
+    """Lowered whole rather than through torch's decomposition: a number weight picks its side of
+    `lerp` here, where the decomposition traces both sides and a select per element (an
+    optimizer step's moving averages, once per parameter)."""
+    if isinstance(weight, Number):
+        return elementwise(node, lambda s, e: lerp(s, e, weight, abs(weight) < 0.5), (start, end))
+    return elementwise(node, lambda s, e, w: lerp(s, e, w, w.alu(Ops.ABS).lt(w.const_like(0.5))), (start, end, weight))
+
+
+@register(aten.addcmul.default, aten.addcdiv.default)
+def lower_add_product(ctx: LoweringContext, node: torch.fx.Node, x, tensor1, tensor2, value=1) -> TensorValue:
+    """x + value * tensor1 * tensor2 (addcmul) or x + value * tensor1 / tensor2 (addcdiv), the
+    product taken left to right as eager's kernel does; `value` stays in the computation dtype
+    (float32 for float16/bfloat16 operands, as eager's)."""
+    combine = truediv if node.target is aten.addcdiv.default else binary(Ops.MUL)
+    if isinstance(value, TensorValue):
+        raise Unsupported(f"{node.target} with a tensor value")
+
+    def add_product(x: UOp, a: UOp, b: UOp) -> UOp:
+        return x + combine(a if value == 1 else a * value, b)
+
+    return elementwise(node, add_product, (x, tensor1, tensor2))
+
+
 @register(aten.div, aten.true_divide)
 def lower_div(ctx: LoweringContext, node: torch.fx.Node, a, b, rounding_mode: str | None = None) -> TensorValue:
     if rounding_mode is None:

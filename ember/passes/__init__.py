@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ember.config import Config
 from ember.errors import EmberError
@@ -54,7 +55,8 @@ def run_passes(gm: torch.fx.GraphModule, config: Config) -> tuple[torch.fx.Graph
             rewrites["mkldnn_convolution"] += mkldnn.fold_convolution_epilogues(graph, relu=config.mkldnn_relu)
         rewrites["dce"] += eliminate_dead_code(graph)
     run_user_passes("post_passes", config.post_passes, graph)
-    return torch.fx.GraphModule(gm, graph), +rewrites  # generates its Python code once
+    # lazy: its Python code is generated only if something calls it (lowering reads the graph)
+    return _LazyGraphModule(gm, graph), +rewrites
 
 
 def eliminate_dead_code(graph: torch.fx.Graph) -> int:

@@ -1,4 +1,4 @@
-"""The graph cache: a graph compiled before (same FX code, input metadata, constants,
+"""The graph cache: a graph compiled before (same FX graph, input metadata, constants,
 config, ember's source, versions, compiler and CPU) is loaded from disk in a new process,
 skipping lowering, scheduling, codegen and gcc. An entry (`graphs/<key[:2]>/<key>.json`,
 Note: cache safety) records its key and checksum and holds the wrapper's source, its
@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.node import _get_qualified_name
 
 from ember.passes.mkldnn import linear_by_size
 from ember.runtime.cache import CorruptEntry, content_hash, discard, entry_path, log, read_entry, write_entry
@@ -40,8 +41,22 @@ class GraphSummary:
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], config_key: str, identity: str) -> str:
     """`identity`: what the graph depends on besides itself and the config (cache_identity.py)."""
     inputs = [_input_description(x) for x in example_inputs]
-    return content_hash(gm.code, repr(inputs), _symbol_ranges(example_inputs), _constants_digest(gm), config_key,
-                        identity)  # fmt: skip
+    return content_hash(graph_text(gm.graph), repr(inputs), _symbol_ranges(example_inputs), _constants_digest(gm),
+                        config_key, identity)  # fmt: skip
+
+
+def graph_text(graph: torch.fx.Graph) -> str:
+    """Every node of `graph` as one line: its name, kind, target and arguments (a node's argument
+    spelled by the node's name), all that the graph's Python code (`gm.code`) spells. Written
+    here rather than read from `gm.code`: AOTAutograd's graphs generate their Python lazily,
+    and generating it for a graph of thousands of nodes costs ten times this."""
+    return "\n".join(f"{n.name} {n.op} {_target_name(n.target)} {n.args!r} {n.kwargs!r}" for n in graph.nodes)
+
+
+def _target_name(target: Any) -> str:
+    """A call's target by its qualified name (an aten op's `torch.ops.aten.add.Tensor`), which is the
+    same in every process, where a function's repr holds its address; attributes and methods by name."""
+    return target if isinstance(target, str) else _get_qualified_name(target)
 
 
 def _symbol_ranges(example_inputs: list[Any]) -> str:
