@@ -111,7 +111,10 @@ def test_a_generate_loop_with_a_kv_cache_compiles_twice():
             torch.testing.assert_close(out.logits, want.logits.float(), rtol=1e-4, atol=1e-4)
             ids = want_ids = want.logits[:, -1:].argmax(-1)
             cache, want_cache = out.past_key_values, want.past_key_values
-    assert_compiled_once(graphs=2)
+    # two graphs, neither compiled per shape; torch 2.13 traces both with symbolic sizes, torch 2.11
+    # the prefill with static ones (seen on the GPU machine: symbolic_graphs 1, graphs_compiled 2)
+    assert ember.metrics.graphs_failed == 0 and ember.metrics.shape_specializations == 0
+    assert ember.metrics.graphs_compiled == 2 and ember.metrics.symbolic_graphs >= 1
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
 
 
