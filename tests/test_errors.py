@@ -144,3 +144,22 @@ def test_deferred_checks_raise_once_their_kernels_finish_and_only_on_their_threa
     with pytest.raises(IndexError, match="index 77 "):
         runtime.check_gpu_errors()  # waits for it
     assert not runtime._pending.queue
+
+
+def test_threads_that_ended_leave_no_queue_behind():
+    """Each thread that calls a GPU graph gets its own queue of deferred checks; a thread that
+    ended with nothing queued is dropped when the next one registers (a server's thread per
+    request would otherwise grow the list without end)."""
+    import threading
+
+    from ember.wrapper import runtime
+
+    runtime.report_earlier_gpu_errors()  # this thread's queue exists
+    for _ in range(50):
+        worker = threading.Thread(target=runtime.report_earlier_gpu_errors)
+        worker.start()
+        worker.join()
+    live = threading.Thread(target=runtime.report_earlier_gpu_errors)
+    live.start()
+    live.join()
+    assert len(runtime._queues) <= 3  # this thread's, the last one's, and at most one more

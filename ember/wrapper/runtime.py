@@ -254,11 +254,12 @@ class _DeferredCheck:
 class _PendingChecks(threading.local):
     def __init__(self) -> None:
         self.queue: collections.deque[_DeferredCheck] = collections.deque()
-        with _queues_lock:
-            _queues.append(self.queue)  # read at exit, whichever thread queued
+        with _queues_lock:  # read at exit, whichever thread queued; ended threads with nothing queued dropped
+            _queues[:] = [(thread, queue) for thread, queue in _queues if thread.is_alive() or queue]
+            _queues.append((threading.current_thread(), self.queue))
 
 
-_queues: list[collections.deque] = []
+_queues: list[tuple[threading.Thread, collections.deque]] = []
 _queues_lock = threading.Lock()
 _pending = _PendingChecks()
 
@@ -282,7 +283,7 @@ def check_gpu_errors() -> None:
 @atexit.register
 def _report_at_exit() -> None:
     with _queues_lock:
-        queues = list(_queues)
+        queues = [queue for _, queue in _queues]
     for queue in queues:
         while queue:
             check = queue.popleft()
