@@ -289,6 +289,10 @@ def _report_at_exit() -> None:
             check = queue.popleft()
             try:
                 check.event.synchronize()
-                _raise_first(check.rows.tolist(), check.errors, late=True)
+                rows = check.rows.tolist()
+            except Exception:  # CUDA already shut down: nothing left to read
+                continue
+            try:
+                _raise_first(rows, check.errors, late=True)
             except Exception as e:  # the process is ending: say it, never raise from exit
                 sys.stderr.write(f"ember: a GPU kernel reported an error no call read: {e}\n")
