@@ -44,7 +44,7 @@ from ember.uop.ops import (
 )
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite, rewrite_each_once
 from ember.uop.spec import Stage, verify
-from ember.uop.symbolic import BOUNDED_INTS, linear_terms, pm_symbolic, recombine_div_mod
+from ember.uop.symbolic import linear_terms, pm_recombine, pm_symbolic
 from ember.uop.symbolic_division import factors
 
 
@@ -55,9 +55,6 @@ class Step:
     name: str
     run: Callable[[UOp], UOp]
     stage: Stage
-
-
-pm_recombine = PatternMatcher([(UPat(Ops.ADD, dtype=BOUNDED_INTS, name="u"), recombine_div_mod)])
 
 
 def run_steps(sink: UOp, steps: list[Step], check: bool = False) -> UOp:

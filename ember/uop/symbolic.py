@@ -25,7 +25,7 @@ from collections.abc import Callable
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import Ops, UOp
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
-from ember.uop.symbolic_division import addends, expanded_terms, factors, pm_symbolic_division, sum_of
+from ember.uop.symbolic_division import addends, expanded_terms, form_of_terms, pm_symbolic_division, sum_of
 
 INTS: tuple[DType, ...] = tuple(d for d in vars(dtypes).values() if isinstance(d, DType) and d.is_int)
 BOUNDED_INTS: tuple[DType, ...] = tuple(d for d in INTS if d.kind in ("int", "index"))
@@ -256,12 +256,7 @@ def element_form(index: UOp) -> object:
     form = distributed_terms(simplified)
     if form is not None:
         return frozenset(form[0].items()), form[1]
-    terms: dict[frozenset, int] = {}
-    for term in expanded_terms(simplified):
-        constant, found = factors(term)
-        key = frozenset(found.items())
-        terms[key] = terms.get(key, 0) + constant
-    return frozenset((k, c) for k, c in terms.items() if c != 0)
+    return form_of_terms(expanded_terms(simplified))
 
 
 def coefficient(term: UOp) -> tuple[UOp | None, int]:
@@ -448,11 +443,14 @@ pm_division = PatternMatcher(
         (_bx % _bc, with_positive_divisor(mod_common_factor)),  # (x*6 + y*4) % 4 -> ((x*3 + y*2) % 2) * 2
         (_bx // _bc, with_positive_divisor(divide_by_inner_factor)),  # (q*f + r) // (f*k) -> q // k, 0 <= r < f
         (_bx % _bc, with_positive_divisor(mod_by_inner_factor)),  # (q*f + r) % (f*k) -> (q % k)*f + r
-        (UPat(Ops.ADD, dtype=BOUNDED_INTS, name="u"), recombine_div_mod),  # (x//k)*(c*k) + (x%k)*c -> x*c
     ]
 )
+# also run alone after block lowering, which splits a block's flat index into its dims (codegen/phases.py)
+pm_recombine = PatternMatcher(
+    [(UPat(Ops.ADD, dtype=BOUNDED_INTS, name="u"), recombine_div_mod)]  # (x//k)*(c*k) + (x%k)*c -> x*c
+)
 
-pm_symbolic = pm_constant_folding + pm_identities + pm_comparisons + pm_division + pm_symbolic_division
+pm_symbolic = pm_constant_folding + pm_identities + pm_comparisons + pm_division + pm_recombine + pm_symbolic_division
 
 
 # Identical layers ask to simplify the very same (interned) index expressions again and again:

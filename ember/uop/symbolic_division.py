@@ -75,8 +75,13 @@ def _factor_order(u: UOp) -> tuple[bool, str]:
 
 def normal_form(u: UOp) -> frozenset:
     """A sum of products as {(factors, coefficient)}: equal for equal sums however they were built."""
+    return form_of_terms(addends(u))
+
+
+def form_of_terms(addends: list[UOp]) -> frozenset:
+    """Products summed, as {(factors, coefficient)}: like terms combined, zero ones dropped."""
     terms: dict[frozenset, int] = {}
-    for term in addends(u):
+    for term in addends:
         constant, found = factors(term)
         key = frozenset(found.items())
         terms[key] = terms.get(key, 0) + constant

@@ -160,11 +160,17 @@ def ensure_layout(t: torch.Tensor, size: tuple, stride: tuple) -> torch.Tensor:
     return out
 
 
-def raise_kernel_error(errors: list[tuple[str, str]], code: int, value: int) -> None:
-    """The Python exception for error `code` of a kernel, its message naming the reported value."""
+def raise_kernel_error(errors: list[tuple[str, str]], code: int, value: int, late: bool = False) -> None:
+    """The Python exception for error `code` of a kernel, its message naming the reported value;
+    `late`: it is raised by a later call (Note: deferred GPU error checks)."""
     kind, message = errors[code - 1]
     message = message.replace("{value}", str(value))
-    raise getattr(builtins, kind, RuntimeError)(f"{message} (reported by an ember kernel)")
+    when = LATE_ERROR if late else ""
+    raise getattr(builtins, kind, RuntimeError)(f"{message} (reported by an ember kernel){when}")
+
+
+LATE_ERROR = (", in an earlier call on this thread: ember reads what GPU kernels report without waiting for the "
+              "GPU (EMBER_GPU_ERROR_CHECKS=sync raises in the call itself)")  # fmt: skip
 
 
 class KernelErrorFlag:
@@ -220,14 +226,7 @@ class GpuErrorFlags:
 def _raise_first(rows: list[list[int]], errors: list[list[tuple[str, str]]], late: bool) -> None:
     for slot, row in enumerate(rows):
         if row[0]:
-            try:
-                raise_kernel_error(errors[slot], row[0], row[row[0]])
-            except Exception as e:
-                if late:
-                    e.args = (f"{e.args[0]}, in an earlier call on this thread: ember reads what GPU kernels "
-                              "report without waiting for the GPU (EMBER_GPU_ERROR_CHECKS=sync raises in the "
-                              "call itself)",)  # fmt: skip
-                raise
+            raise_kernel_error(errors[slot], row[0], row[row[0]], late)
 
 
 # Note: deferred GPU error checks
