@@ -25,7 +25,15 @@ from ember.ir import LoweredGraph
 from ember.metrics import metrics
 from ember.renderer.common import RenderedKernel
 from ember.renderer.cpp import render
-from ember.runtime.cpu import CompiledKernel, batchable, compile_cpp_batch, simd_math_functions
+from ember.runtime.cpu import (
+    DRAWS_PER_BATCH,
+    CompiledKernel,
+    batchable,
+    compile_cpp_batch,
+    random_draws,
+    simd_math_functions,
+    source_flags,
+)
 from ember.schedule import KernelStep, graph_last_uses
 from ember.uop.ops import UOp
 from ember.wrapper.python import KernelBinary
@@ -141,7 +149,8 @@ class KernelBuilder:
         self.pool = ThreadPoolExecutor(max_workers=self.workers)
         # source -> (its batch's compile, its position in the batch)
         self.futures: dict[str, tuple[Future[list[CompiledKernel]], int]] = {}
-        self.pending: dict[str, RenderedKernel] = {}  # rendered, not yet submitted
+        # rendered, not yet submitted, by the gcc flags they need (a batch shares its flags)
+        self.pending: dict[tuple[str, ...], dict[str, RenderedKernel]] = {}
 
     def __enter__(self) -> KernelBuilder:
         return self
@@ -150,22 +159,35 @@ class KernelBuilder:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     def submit(self, kernel: RenderedKernel) -> None:
-        if kernel.source in self.futures or kernel.source in self.pending:
+        flags = source_flags(kernel.source)
+        pending = self.pending.setdefault(flags, {})
+        if kernel.source in self.futures or kernel.source in pending:
             return
         if not batchable(kernel.source):
             self._start([kernel])
             return
-        self.pending[kernel.source] = kernel
-        if len(self.pending) >= BATCH_KERNELS:
-            self._flush(1)
+        pending[kernel.source] = kernel
+        draws = sum(random_draws(source) for source in pending)
+        if len(pending) >= BATCH_KERNELS or draws >= DRAWS_PER_BATCH:
+            self._flush(pending, 1)
 
-    def _flush(self, parts: int) -> None:
-        """Every pending kernel into `parts` batches of about equal size."""
-        kernels = list(self.pending.values())
-        self.pending.clear()
+    def _flush(self, pending: dict[str, RenderedKernel], parts: int) -> None:
+        """Every kernel of `pending` into `parts` batches of about equal size, none with more than
+        DRAWS_PER_BATCH random draws unless one kernel has them (Note: gcc's effort on random draws)."""
+        kernels = list(pending.values())
+        pending.clear()
         size = max(1, -(-len(kernels) // max(1, parts)))
-        for start in range(0, len(kernels), size):
-            self._start(kernels[start : start + size])
+        batch: list[RenderedKernel] = []
+        draws = 0
+        for kernel in kernels:
+            more = random_draws(kernel.source)
+            if batch and (len(batch) == size or draws + more > DRAWS_PER_BATCH):
+                self._start(batch)
+                batch, draws = [], 0
+            batch.append(kernel)
+            draws += more
+        if batch:
+            self._start(batch)
 
     def _start(self, kernels: list[RenderedKernel]) -> None:
         cache_dir, cxx = Path(self.config.cache_dir), self.config.cxx
@@ -177,7 +199,8 @@ class KernelBuilder:
             future.add_done_callback(lambda _: progress.kernels(compiled=len(batch)))
 
     def binaries(self, rendered: dict[int, tuple[RenderedKernel, KernelAST]]) -> dict[int, KernelBinary]:
-        self._flush(self.workers)
+        for pending in self.pending.values():
+            self._flush(pending, self.workers)
         binaries = {}
         for i, (kernel, ast) in rendered.items():
             future, position = self.futures[kernel.source]

@@ -14,6 +14,7 @@ import torch
 
 import ember
 from ember import compile_cpp
+from ember.runtime import cpu
 from ember.debug import progress as progress_module
 from ember.debug.progress import CompileProgress
 from tests.helpers import check
@@ -202,3 +203,32 @@ def test_graph_key_reads_the_graph_without_generating_its_python():
     assert lazy._needs_recompile()
     assert key == graph_key(traced(2.0), inputs, "config", "identity")
     assert key != graph_key(traced(3.0), inputs, "config", "identity")
+
+
+def test_random_draws_compile_with_their_own_flags_and_spread_over_batches(tmp_path, monkeypatch):
+    """Note: gcc's effort on random draws (runtime/cpu.py): every gcc run over a source with
+    Philox draws gets DRAW_FLAGS and holds only such sources, at most DRAWS_PER_BATCH draws unless
+    one kernel has more; sources without draws keep gcc's defaults."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu, "DRAWS_PER_BATCH", 3)
+    monkeypatch.setattr(compile_cpp, "DRAWS_PER_BATCH", 3)
+    runs = []
+    real_run_gcc = cpu._run_gcc
+
+    def spy(folder, key, source, symbols, compiler, extra_flags):
+        runs.append((cpu.random_draws(source), symbols.count(",") + 1, extra_flags))
+        return real_run_gcc(folder, key, source, symbols, compiler, extra_flags)
+
+    monkeypatch.setattr(cpu, "_run_gcc", spy)
+
+    def masks(x, y, z):  # two masks a shape (a kernel each shape), a softmax: drawing and plain kernels
+        drawn = [torch.nn.functional.dropout(t + i, 0.5, training=True) for t in (x, y, z) for i in range(2)]
+        return drawn, y.softmax(-1), (x @ x).sin()
+
+    x, y, z = torch.randn(32, 32), torch.randn(8, 48), torch.randn(16, 40)
+    drawn, soft, _ = ember.compile(masks, dynamic=False, strict=True)(x, y, z)
+    assert all(0.2 < (d == 0).float().mean() < 0.8 for d in drawn) and soft.shape == y.shape
+    assert any(draws for draws, _, _ in runs) and any(not draws for draws, _, _ in runs), runs
+    for draws, kernels, flags in runs:
+        assert flags == (cpu.DRAW_FLAGS if draws else ()), runs
+        assert draws <= 3 or kernels == 1, runs

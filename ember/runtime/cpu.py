@@ -68,6 +68,37 @@ FLAGS = (
 )  # fmt: skip
 
 
+# Note: gcc's effort on random draws
+#   A Philox draw is ten rounds of 64-bit products inlined into its kernel's loop (renderer/cpp.py
+#   PHILOX), which gcc vectorizes at the width of the loop's narrowest type: under a dropout mask's
+#   bool store that is 64 lanes, eight vectors per 64-bit value. A kernel holding many draws (GPT-2's
+#   dropout masks fused side by side) is one huge basic block, and gcc's combiner and register
+#   allocator grow faster than linearly with it: with 1, 4, 8 and 16 draws a kernel took 0.09,
+#   0.45, 1.33 and 4.5 s of gcc, most of GPT-2 training's gcc time (the forward graph's masks alone
+#   4.5 s, its softmax and dropout kernels 2.3 s, every other kernel of it under 1 s together).
+#   Limiting the combiner to pairs of instructions (DRAW_FLAGS) halves it (16 draws: 2.15 s) with
+#   the same machine code speed (the 16 masks 590 us either way); sources without draws keep gcc's
+#   defaults. Such sources are batched only with each other, at most DRAWS_PER_BATCH draws a
+#   batch (compile_cpp.py KernelBuilder), so their compiles spread over the workers.
+DRAW_FLAGS = ("--param=max-combine-insns=2",)
+DRAWS_PER_BATCH = 16
+
+
+def random_draws(source: str) -> int:
+    """How many Philox draws a rendered C++ source holds (the calls of renderer/cpp.py PHILOX)."""
+    return source.count("ember_philox<")
+
+
+def source_flags(source: str) -> tuple[str, ...]:
+    """gcc flags a source needs besides FLAGS (Note: gcc's effort on random draws)."""
+    return DRAW_FLAGS if random_draws(source) else ()
+
+
+def kernel_key(source: str, compiler: str, version: str) -> str:
+    """The cache key of a kernel's shared object: its source and everything else gcc's output depends on."""
+    return content_hash(source, kernel_identity(compiler), version, *source_flags(source))
+
+
 def kernel_identity(compiler: str) -> str:
     """Everything besides its source that a kernel's shared object depends on."""
     compiler_version, cpu = cache_identity.compiler_identity(compiler), cache_identity.cpu_identity()
@@ -86,7 +117,7 @@ class CompiledKernel:
 def compile_cpp(source: str, symbol: str, cache_dir: Path, compiler: str, version: str) -> CompiledKernel:
     """The shared object for `source`, from the cache or built now."""
     root = open_root(cache_dir)
-    key = content_hash(source, kernel_identity(compiler), version)
+    key = kernel_key(source, compiler, version)
     folder = entry_folder(root, "kernels", key)
     cached = _cached_kernel(root, folder, key, symbol)
     if cached is not None:
@@ -121,20 +152,21 @@ def _plain_name(name: object) -> str:
 
 
 def _build_kernel(root: Path, folder: Path, key: str, source: str, symbol: str, compiler: str) -> CompiledKernel:
-    so_path, sha256 = _run_gcc(folder, key, source, symbol, compiler)
+    so_path, sha256 = _run_gcc(folder, key, source, symbol, compiler, source_flags(source))
     write_entry(folder / f"{key}.json", key, {"file": so_path.name, "sha256": sha256, "source": f"{key}.cpp"})
     return CompiledKernel(so_path, symbol, False, relative_to_root(root, so_path), sha256)
 
 
-def _run_gcc(folder: Path, key: str, source: str, symbols: str, compiler: str) -> tuple[Path, str]:
+def _run_gcc(folder: Path, key: str, source: str, symbols: str, compiler: str,
+             extra_flags: tuple[str, ...]) -> tuple[Path, str]:  # fmt: skip
     """gcc on `source` into `folder/<key>-<sha256[:16]>.so`, installed atomically; its path and sha256.
-    `symbols`: the kernels it holds, for the error."""
+    `symbols`: the kernels it holds, for the error; `extra_flags`: source_flags of its kernels."""
     cpp_path = folder / f"{key}.cpp"
     write_atomic(cpp_path, source)
     tmp = temp_path_beside(folder / f"{key}.so", ".so")
     try:
         libraries = ["-lmvec"] if simd_math_functions() else []
-        command = [compiler, *FLAGS, str(cpp_path), "-o", str(tmp), *libraries]
+        command = [compiler, *FLAGS, *extra_flags, str(cpp_path), "-o", str(tmp), *libraries]
         metrics.add(gcc_runs=1)
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
@@ -160,32 +192,39 @@ def compile_cpp_batch(
     kernels: list[tuple[str, str]], cache_dir: Path, compiler: str, version: str
 ) -> list[CompiledKernel]:
     """The shared object of each (symbol, source) of `kernels`, in order: from the cache, or
-    the missing ones built by one gcc (one by one when that fails)."""
+    the missing ones built by one gcc per set of source_flags (one by one when that fails)."""
     root = open_root(cache_dir)
-    keys = [content_hash(source, kernel_identity(compiler), version) for _, source in kernels]
+    keys = [kernel_key(source, compiler, version) for _, source in kernels]
     found: dict[int, CompiledKernel] = {}
     for i, ((symbol, _), key) in enumerate(zip(kernels, keys)):
         cached = _cached_kernel(root, entry_folder(root, "kernels", key), key, symbol)
         if cached is not None:
             found[i] = cached
-    missing = [i for i in range(len(kernels)) if i not in found]
-    if len(missing) > 1:
-        try:
-            found.update(zip(missing, _build_batch(root, [kernels[i] for i in missing], [keys[i] for i in missing],
-                                                   compiler)))  # fmt: skip
-        except EmberError as e:  # compiled one by one below: the failing kernel's error names it
-            log.debug("runtime: a batch of %d kernels failed to compile; compiling each alone: %s", len(missing), e)
-    for i in (i for i in missing if i not in found):
+    by_flags: dict[tuple[str, ...], list[int]] = {}
+    for i in range(len(kernels)):
+        if i not in found:
+            by_flags.setdefault(source_flags(kernels[i][1]), []).append(i)
+    for flags, missing in by_flags.items():
+        if len(missing) > 1:
+            try:
+                batch = [kernels[i] for i in missing]
+                found.update(zip(missing, _build_batch(root, batch, [keys[i] for i in missing], compiler, flags)))
+            except EmberError as e:  # compiled one by one below: the failing kernel's error names it
+                log.debug("runtime: a batch of %d kernels failed to compile; compiling each alone: %s", len(missing), e)
+    for i in (i for i in range(len(kernels)) if i not in found):
         symbol, source = kernels[i]
         found[i] = _build_kernel(root, entry_folder(root, "kernels", keys[i]), keys[i], source, symbol, compiler)
     return [found[i] for i in range(len(kernels))]
 
 
-def _build_batch(root: Path, kernels: list[tuple[str, str]], keys: list[str], compiler: str) -> list[CompiledKernel]:
+def _build_batch(root: Path, kernels: list[tuple[str, str]], keys: list[str], compiler: str,
+                 flags: tuple[str, ...]) -> list[CompiledKernel]:  # fmt: skip
+    """`flags`: the source_flags every one of `kernels` has."""
     batch_key = content_hash("batch", *keys)  # each key covers its source, the compiler, the flags, the CPU
     folder = entry_folder(root, "kernels", batch_key)
     symbols = [symbol for symbol, _ in kernels]
-    so_path, sha256 = _run_gcc(folder, batch_key, batch_source([s for _, s in kernels]), ", ".join(symbols), compiler)
+    source = batch_source([s for _, s in kernels])
+    so_path, sha256 = _run_gcc(folder, batch_key, source, ", ".join(symbols), compiler, flags)
     library = relative_to_root(root, so_path)
     for key in keys:
         record = {"library": library, "sha256": sha256, "source": relative_to_root(root, folder / f"{batch_key}.cpp")}
