@@ -35,7 +35,7 @@ from ember.runtime.cpu import (
     source_flags,
 )
 from ember.schedule import KernelStep, graph_last_uses
-from ember.uop.ops import UOp
+from ember.uop.ops import Ops, UOp
 from ember.wrapper.python import KernelBinary
 
 
@@ -60,15 +60,16 @@ class CppBackend:
             generated: dict[tuple, RenderedKernel] = {}  # Note: kernels generated once
             if progress is not None:
                 progress.kernels(total=sum(1 for s in steps if has_work(s)))
-            for i, step in enumerate(steps):
-                if has_work(step):
+            for kernels in codegen_order(steps):
+                for i in kernels:
                     with stage("codegen", timings):
-                        rendered[i] = codegen_kernel(step, config, dying[i], timings, generated)
+                        rendered[i] = codegen_kernel(steps[i], config, dying[i], timings, generated)
                     builder.submit(rendered[i][0])
                     if progress is not None:
                         progress.kernels(generated=1)
+                builder.start_pending()
             with stage("runtime", timings):  # what is left of gcc once every kernel is rendered
-                binaries = builder.binaries(rendered)
+                binaries = builder.binaries(dict(sorted(rendered.items())))
         for kernel, _ in rendered.values():
             debug.write(f"kernels/{kernel.name}.{self.source_suffix}", kernel.source)
         if config.kernel_search:
@@ -78,6 +79,20 @@ class CppBackend:
             binaries, len(rendered), sum(kernel.reduce_loops for kernel, _ in rendered.values()),
             sum(kernel.tiled for kernel, _ in rendered.values()),
         )  # fmt: skip
+
+
+def codegen_order(steps: list) -> tuple[list[int], list[int]]:
+    """The kernels of `steps` (their indices) in the order codegen takes them: those with random
+    draws first, most draws first, as gcc takes longest over them (Note: gcc's effort on random
+    draws, runtime/cpu.py), so their compiles start first and overlap the generation of the rest."""
+    kernels = [i for i, step in enumerate(steps) if has_work(step)]
+    draws = {i: random_draws_of(steps[i]) for i in kernels}
+    drawing = sorted((i for i in kernels if draws[i]), key=lambda i: -draws[i])
+    return drawing, [i for i in kernels if not draws[i]]
+
+
+def random_draws_of(step: KernelStep) -> int:
+    return sum(1 for member in step.group for u in member.body.toposort if u.op is Ops.PHILOX)
 
 
 def codegen_kernel(
@@ -171,6 +186,11 @@ class KernelBuilder:
         if len(pending) >= BATCH_KERNELS or draws >= DRAWS_PER_BATCH:
             self._flush(pending, 1)
 
+    def start_pending(self) -> None:
+        """Every kernel submitted so far to gcc now, over the workers."""
+        for pending in self.pending.values():
+            self._flush(pending, self.workers)
+
     def _flush(self, pending: dict[str, RenderedKernel], parts: int) -> None:
         """Every kernel of `pending` into `parts` batches of about equal size, none with more than
         DRAWS_PER_BATCH random draws unless one kernel has them (Note: gcc's effort on random draws)."""
@@ -199,8 +219,7 @@ class KernelBuilder:
             future.add_done_callback(lambda _: progress.kernels(compiled=len(batch)))
 
     def binaries(self, rendered: dict[int, tuple[RenderedKernel, KernelAST]]) -> dict[int, KernelBinary]:
-        for pending in self.pending.values():
-            self._flush(pending, self.workers)
+        self.start_pending()
         binaries = {}
         for i, (kernel, ast) in rendered.items():
             future, position = self.futures[kernel.source]

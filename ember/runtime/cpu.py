@@ -72,15 +72,17 @@ FLAGS = (
 #   A Philox draw is ten rounds of 64-bit products inlined into its kernel's loop (renderer/cpp.py
 #   PHILOX), which gcc vectorizes at the width of the loop's narrowest type: under a dropout mask's
 #   bool store that is 64 lanes, eight vectors per 64-bit value. A kernel holding many draws (GPT-2's
-#   dropout masks fused side by side) is one huge basic block, and gcc's combiner and register
-#   allocator grow faster than linearly with it: with 1, 4, 8 and 16 draws a kernel took 0.09,
-#   0.45, 1.33 and 4.5 s of gcc, most of GPT-2 training's gcc time (the forward graph's masks alone
-#   4.5 s, its softmax and dropout kernels 2.3 s, every other kernel of it under 1 s together).
-#   Limiting the combiner to pairs of instructions (DRAW_FLAGS) halves it (16 draws: 2.15 s) with
-#   the same machine code speed (the 16 masks 590 us either way); sources without draws keep gcc's
-#   defaults. Such sources are batched only with each other, at most DRAWS_PER_BATCH draws a
-#   batch (compile_cpp.py KernelBuilder), so their compiles spread over the workers.
-DRAW_FLAGS = ("--param=max-combine-insns=2",)
+#   dropout masks fused side by side) is one huge basic block, and gcc's work grew faster than
+#   linearly with it: with 1, 4, 8 and 16 draws a kernel took 0.09, 0.45, 1.33 and 4.5 s of gcc,
+#   most of GPT-2 training's gcc time. -ftime-report put 60% in the combiner (down to 4% once RTL
+#   GCSE no longer runs before it) and most of the rest in the register allocator's loop
+#   regions. Without RTL GCSE and with one allocation region (DRAW_FLAGS) the same
+#   kernels take 0.07, 0.19, 0.41 and 1.03 s, and run at the same speed (the 16 masks 572 us
+#   either way: the loop is one basic block, with nothing for either to hoist or place); sources
+#   without draws keep gcc's defaults. Such sources are batched only with each other, at most
+#   DRAWS_PER_BATCH draws a batch, and generated first, most draws first (compile_cpp.py
+#   KernelBuilder, codegen_order), so their compiles start early and spread over the workers.
+DRAW_FLAGS = ("-fno-gcse", "-fira-region=one")
 DRAWS_PER_BATCH = 16
 
 
