@@ -152,8 +152,9 @@ class KernelBuilder:
         other cores while the next kernels are generated, instead of waiting for all of them.
         Each compile is a subprocess, so threads are enough; identical sources are compiled
         once. A batch (Note: kernels compiled together, runtime/cpu.py) holds BATCH_KERNELS
-        distinct sources; what is left when the last kernel is rendered is split over the
-        workers. The pool has one thread per usable core (`config.compile_threads`), so a cold
+        distinct sources, of one set of gcc flags, and at most DRAWS_PER_BATCH random draws
+        (Note: gcc's effort on random draws); what is left when the last kernel is rendered is
+        split over the workers. The pool has one thread per usable core (`config.compile_threads`), so a cold
         compile does not start more gcc processes than the machine runs at once.
     """
 
