@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 
+from ember.renderer.common import size_expression
 from ember.renderer.triton_math import render_math
 from ember.renderer.triton_scan import combine_call, scan_call
 from ember.renderer.triton_scatter import ScatterStore, scatter_store_lines
@@ -199,6 +200,8 @@ class _Body:
             return u.arg.name
         if u.op is Ops.BLOCK_SIZE:
             return u.arg.value
+        if u.op is Ops.DEFINE_VAR:  # a size argument (Note: symbolic blocks, codegen/blocks.py)
+            return u.arg.name
         return self.names[u]
 
     def line(self, text: str) -> None:
@@ -231,7 +234,7 @@ class _Body:
     def open_loop(self, r: UOp) -> None:
         """A loop over chunks of a block axis (its variable is the chunk's offset) or over
         elements one at a time."""
-        name, numel = r.arg.name, r.src[0].arg
+        name, numel = r.arg.name, size_expression(r.src[0])  # a constant, or of size arguments
         if r.arg.block is not None:
             self.line(f"for {name} in range(0, {numel}, {r.arg.block.value}):")
         else:

@@ -210,6 +210,20 @@ def loaded(kernel: Any) -> Any:
     return kernel
 
 
+def symbolic_grid(numel_source: str, variables: list[str], first: int) -> Callable[[tuple, int], int]:
+    """The grid of a call of a kernel whose x extent is symbolic (Note: symbolic blocks,
+    codegen/blocks.py): `numel_source`, Python over the size variables (uop/variables.py
+    `python_source`, ember's own text), evaluated at the variables the call passes from position
+    `first` on, in blocks of XBLOCK."""
+    numel = eval(f"lambda {', '.join(variables)}: {numel_source}", {"max": max, "min": min})  # noqa: S307
+    stop = first + len(variables)
+
+    def grid(args: tuple, xblock: int) -> int:
+        return (numel(*args[first:stop]) + xblock - 1) // xblock
+
+    return grid
+
+
 # ---- the launcher ----------------------------------------------------------------------------
 
 
@@ -230,8 +244,12 @@ class TritonLauncher:
 
     def __init__(self, module: ModuleType, name: str, variants: list[str], xnumel: int, rnumel: int,
                  written: list[int], interpret: bool, autotune: bool = True, xextent: int = 0,
-                 arguments: list[str] | None = None, root: str = "", relative: str = "") -> None:  # fmt: skip
+                 arguments: list[str] | None = None, root: str = "", relative: str = "",
+                 grid_numel: str = "", variables: list[str] | None = None, variables_at: int = 0) -> None:  # fmt: skip
         self.module, self.name, self.variants, self.autotune = module, name, variants, autotune
+        # Note: symbolic blocks (codegen/blocks.py): the x extent of each call, from its size arguments
+        self.symbolic_grid = symbolic_grid(grid_numel, variables or [], variables_at) if grid_numel else None
+        self.size_arguments = range(variables_at, variables_at + len(variables or []))
         self.xextent = max(xnumel, xextent)  # what XBLOCK may cover (more than the grid's x: nested reductions)
         self.xnumel, self.rnumel, self.written, self.interpret = xnumel, rnumel, written, interpret
         # the argument types the renderer declared (renderer/triton_module.py `argument_kinds`)
@@ -251,6 +269,7 @@ class TritonLauncher:
         if self.interpret:
             self.launch(self.config, args)
             return
+        grid = self.grid if self.symbolic_grid is None else self.symbolic_grid(args, self.config.xblock)
         # Note: the fast launch. Triton's own launch path binds and specializes the arguments
         # in Python on every call (tens of microseconds); after the first launch for an
         # alignment of the pointers, the compiled kernel is called directly.
@@ -265,7 +284,7 @@ class TritonLauncher:
                     kernel = self.compiled_kernel(self.config, argument_types(args), aligned, target)
                     self.compiled[aligned] = kernel
         stream = raw_stream(self.stream_device)
-        kernel.run(self.grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
+        kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
                    *args, *self.constexprs)  # fmt: skip
 
     def configure(self, args: tuple) -> None:
@@ -278,13 +297,24 @@ class TritonLauncher:
                 self.config = config  # last: the fast path reads grid and constexprs once config is set
 
     def grid_and_blocks(self, config: LaunchConfig) -> tuple[int, dict[str, int]]:
+        """The grid of a static x extent (a symbolic one's is computed per call) and the block sizes."""
         grid = (self.xnumel + config.xblock - 1) // config.xblock
         return grid, {"XBLOCK": config.xblock} | ({"RBLOCK": config.rblock} if config.rblock else {})
 
+    def grid_of(self, config: LaunchConfig, args: tuple) -> int:
+        """The programs a launch of `config` on `args` runs."""
+        if self.symbolic_grid is not None:
+            return self.symbolic_grid(args, config.xblock)
+        return self.grid_and_blocks(config)[0]
+
     def launch(self, config: LaunchConfig, args: tuple) -> Any:
         """Under the interpreter: one launch through Triton's `fn[grid]`."""
+        from ember.runtime.triton_libdevice import interpreted_size
+
         fn = getattr(self.module, f"{self.name}_{config.variant}")
-        grid, blocks = self.grid_and_blocks(config)
+        _, blocks = self.grid_and_blocks(config)
+        grid = self.grid_of(config, args)
+        args = tuple(interpreted_size(a) if i in self.size_arguments else a for i, a in enumerate(args))
         return fn[(grid,)](*args, **blocks)
 
     # ---- compiling (Note: ember owns the Triton compile) -------------------------------------
@@ -329,7 +359,7 @@ class TritonLauncher:
         """A launch of `config` on `args` (compiled now), as a benchmark repeats it; changes
         nothing the fast path reads."""
         kernel = self.compiled_kernel(config, argument_types(args), argument_alignment(args), target)
-        grid, blocks = self.grid_and_blocks(config)
+        grid, blocks = self.grid_of(config, args), self.grid_and_blocks(config)[1]
         stream, constexprs = raw_stream(torch_cuda_current_device()), tuple(blocks.values())
 
         def launch() -> None:
