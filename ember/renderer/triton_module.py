@@ -8,7 +8,7 @@ from __future__ import annotations
 from ember.codegen.blocks import BlockPlan
 from ember.renderer.common import RenderedKernel, kernel_errors, kernel_params, kernel_variables
 from ember.renderer.triton import render_body, tl_type
-from ember.renderer.triton_prelude import PRELUDE
+from ember.renderer.triton_prelude import LOOP_BOUND_PRELUDE, PRELUDE
 from ember.renderer.triton_scan import SCAN_PRELUDE
 from ember.uop.ops import Ops, UOp
 
@@ -37,7 +37,9 @@ def render_triton(name: str, programs: dict[str, list[UOp]], plan: BlockPlan, wr
         head = f"{jit}\ndef {name}_{variant}({signature}, {blocks}):\n"
         functions.append(head + "\n".join(lines) + "\n")
     scans = any(u.op is Ops.BLOCK_SCAN for u in every)
-    source = PRELUDE + (SCAN_PRELUDE if scans else "") + "\n\n" + "\n\n".join(functions)
+    symbolic_loops = any(u.op is Ops.RANGE and u.src[0].op is not Ops.CONST for u in every)
+    preludes = PRELUDE + (SCAN_PRELUDE if scans else "") + (LOOP_BOUND_PRELUDE if symbolic_loops else "")
+    source = preludes + "\n\n" + "\n\n".join(functions)
     launch = {**plan.launch, "arguments": argument_kinds(params, scalars, errors, variables)}
     if variables:
         launch |= {"variables": list(variables), "variables_at": len(params)}

@@ -53,9 +53,11 @@ from ember.runtime.triton_compile import (
     triton_settings,
 )
 from ember.runtime.triton_pool import CompilePool
+from ember.renderer.triton_prelude import LOOP_BOUND_PRELUDE
 
 LIBDEVICE_IMPORT = "from triton.language.extra import libdevice"
 INTERPRETED_IMPORT = "from ember.runtime.triton_libdevice import interpreted_libdevice as libdevice"
+INTERPRETED_LOOP_BOUND = "\n\nfrom ember.runtime.triton_libdevice import interpreted_loop_bound as ember_loop_bound\n"
 
 
 def require_interpreter() -> None:
@@ -77,6 +79,7 @@ def write_module(source: str, cache_dir: Path, interpret: bool, version: str) ->
 
     if interpret:
         source = source.replace(LIBDEVICE_IMPORT, INTERPRETED_IMPORT)
+        source = source.replace(LOOP_BOUND_PRELUDE, INTERPRETED_LOOP_BOUND)
     root = open_root(cache_dir)
     key = content_hash(source, triton.__version__, version)
     path = entry_path(root, "triton", key, ".py")
