@@ -391,7 +391,6 @@ NEW_PROCESS = (
 
 
 def test_a_new_process_with_a_new_shape_loads_the_graph(tmp_path):
-    import os
     import subprocess
     import sys
 

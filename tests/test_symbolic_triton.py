@@ -139,7 +139,9 @@ def test_a_generate_loop_with_a_kv_cache_compiles_twice():
 
 def test_training_forward_and_backward_compile_once():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8)
+    )
     reference = _upcast(model)
     compiled = torch.compile(_on_device(model), backend="ember", dynamic=True)
     for batch in (5, 9, 30):

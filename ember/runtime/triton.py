@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from ember.metrics import metrics
+from ember.renderer.triton_prelude import LOOP_BOUND_PRELUDE
 from ember.runtime.cache import (
     CacheDirectoryError,
     content_hash,
@@ -53,7 +54,6 @@ from ember.runtime.triton_compile import (
     triton_settings,
 )
 from ember.runtime.triton_pool import CompilePool
-from ember.renderer.triton_prelude import LOOP_BOUND_PRELUDE
 
 LIBDEVICE_IMPORT = "from triton.language.extra import libdevice"
 INTERPRETED_IMPORT = "from ember.runtime.triton_libdevice import interpreted_libdevice as libdevice"
