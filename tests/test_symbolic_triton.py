@@ -152,3 +152,28 @@ def test_training_forward_and_backward_compile_once():
             torch.testing.assert_close(p.grad.cpu(), q.grad.float(), rtol=1e-4, atol=1e-5)
             p.grad, q.grad = None, None
     assert_compiled_once(graphs=2)  # the forward and the backward
+
+
+def test_calls_past_the_size_cap_take_the_kernels_with_64_bit_indexes(monkeypatch, tmp_path):
+    """Kernels index in int32 while every size is at most their cap, in int64 past it (Note:
+    symbolic blocks): with the cap made 8, small shapes take the narrow kernels, larger ones
+    the wide, and both compute every value."""
+    from ember.codegen import blocks
+
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))  # (a cached wrapper would keep the real cap)
+    monkeypatch.setattr(blocks, "narrow_size_cap", lambda sink, shape, limits: 8)
+
+    def f(x, y):
+        return torch.softmax(x * y, -1).sum(0), (x + 1).cumsum(1)
+
+    def run(shapes):
+        before = ember.metrics.triton_wide_index_launches
+        run_shapes(f, lambda n, m: [torch.randn(n, m), torch.randn(n, m)], shapes)
+        return ember.metrics.triton_wide_index_launches - before
+
+    if DEVICE == "cpu":  # (the interpreter counts its launches)
+        assert run([(3, 5), (8, 7)]) == 0
+        assert run([(3, 40), (20, 6)]) > 0
+    else:
+        run([(3, 5), (8, 7), (3, 40), (20, 6)])
+    assert ember.metrics.symbolic_graphs >= 1 and ember.metrics.shape_specializations == 0

@@ -47,9 +47,13 @@ Note: symbolic blocks
     are never larger than a static kernel's for a large size) and computes the grid at every
     call from the x extent's Python source over the variables (`BlockPlan.launch`). A symbolic
     row is persistent only where its bound fits one block; otherwise only the looped variant
-    exists. Index math is 32-bit only where the variables' bounds keep every value within
-    int32 (`index_bits`); dynamo's sizes are unbounded, so their kernels compute indexes in
-    int64. Split reductions take static sizes only (lower/split_reductions.py).
+    exists. Index math is 32-bit where the variables' bounds keep every value within int32
+    (`index_bits`); dynamo's sizes are unbounded, so for their kernels codegen finds the largest
+    power of two C (`narrow_size_cap`) such that every index fits while each size is at most C,
+    and the module has each variant twice: with 32-bit index math (sizes cast to int32 on
+    entry) and with 64-bit (`<variant>_wide`). The launcher checks each call's sizes against C
+    and takes the wide kernel past it (compiled at its first need; the pool compiles the narrow
+    ones). Split reductions take static sizes only (lower/split_reductions.py).
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ class BlockPlan:
     shape: KernelShape
     variants: tuple[str, ...]  # "pointwise", or "persistent" (a row in one block) and/or "looped"
     index_bits: int  # 32 or 64: the integer width of index math
+    size_cap: int = 0  # 32-bit index math only while every size variable is at most this (Note: symbolic blocks)
 
     @property
     def launch(self) -> dict:
@@ -114,6 +119,8 @@ class BlockPlan:
             from ember.uop.variables import python_source
 
             facts["grid_numel"] = python_source(xnumel)
+        if self.size_cap:
+            facts["size_cap"] = self.size_cap
         return facts
 
 
@@ -125,7 +132,9 @@ def plan_blocks(sink: UOp, limits: BlockLimits) -> BlockPlan:
     else:  # a symbolic row is persistent only where its bound fits a block (Note: symbolic blocks)
         longest = limits.persistent_scan_row if scan else limits.persistent_row
         variants = (("persistent",) if bound(shape.rnumel) <= longest else ()) + ("looped",)
-    return BlockPlan(shape, variants, index_bits(sink, shape, limits))
+    bits = index_bits(sink, shape, limits)
+    cap = narrow_size_cap(sink, shape, limits) if bits == 64 else 0
+    return BlockPlan(shape, variants, 32 if cap else bits, cap)
 
 
 def kernel_shape(sink: UOp) -> KernelShape:
@@ -190,9 +199,40 @@ def bound(extent: int | UOp) -> int:
 
 def index_bits(sink: UOp, shape: KernelShape, limits: BlockLimits) -> int:
     """32-bit index math when every index value and the padded block positions fit."""
+    return 32 if index_fits(sink, (shape.xnumel, shape.rnumel), limits) else 64
+
+
+def index_fits(sink: UOp, extents: tuple[int | UOp, ...], limits: BlockLimits) -> bool:
     limit = 2**31 - 1 - 2 * limits.persistent_row
-    fits = bound(shape.xnumel) * 2 < limit and bound(shape.rnumel) * 2 < limit
-    for u in sink.toposort:
-        if u.dtype is dtypes.index and u.op is not Ops.CAST and (u.vmin < -limit or u.vmax > limit):
-            fits = False
-    return 32 if fits else 64
+    if any(bound(extent) * 2 >= limit for extent in extents):
+        return False
+    return not any(u.dtype is dtypes.index and u.op is not Ops.CAST and (u.vmin < -limit or u.vmax > limit)
+                   for u in sink.toposort)  # fmt: skip
+
+
+def narrow_size_cap(sink: UOp, shape: KernelShape, limits: BlockLimits) -> int:
+    """The largest power of two C such that, with every size variable at most C, every index value
+    still fits int32 (0: none does, or the kernel has no size variable). Bounds are intervals, so
+    what holds with each variable anywhere in [its minimum, C] holds at any call whose sizes are
+    at most C: the launcher takes the kernel with 32-bit index math for those calls and one with
+    64-bit for the others (Note: symbolic blocks)."""
+    variables = {u for u in sink.toposort if u.op is Ops.DEFINE_VAR}
+    if not variables:
+        return 0
+    from ember.uop.ops import substitute
+    from ember.uop.variables import variable
+
+    root = UOp(Ops.SINK, dtypes.void, (sink, *(e for e in (shape.xnumel, shape.rnumel) if isinstance(e, UOp))))
+
+    def fits(cap: int) -> bool:
+        capped = {v: variable(v.arg.name, v.arg.vmin, min(v.arg.vmax, cap)) for v in variables}
+        kernel, *extents = substitute(root, capped).src
+        return index_fits(kernel, tuple(extents), limits)
+
+    low, high = max(1, (max(v.arg.vmin for v in variables) - 1).bit_length()), 31  # exponents of caps
+    if low > high or not fits(2**low):
+        return 0
+    while low < high:  # the largest exponent that fits
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(2**middle) else (low, middle - 1)
+    return 2**low

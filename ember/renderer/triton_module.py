@@ -30,12 +30,16 @@ def render_triton(name: str, programs: dict[str, list[UOp]], plan: BlockPlan, wr
     signature = ", ".join(names + (["ember_error"] if errors else []))
     by_value = sorted(scalars & {p for p, _, _ in params}) + list(variables)
     jit = f"@triton.jit(do_not_specialize={by_value!r})" if by_value else "@triton.jit"
+    blocks = "XBLOCK: tl.constexpr" + ("" if plan.shape.pointwise else ", RBLOCK: tl.constexpr")
     functions = []
     for variant, program in programs.items():
-        lines = render_body(program, errors, plan.index_bits, scalars)
-        blocks = "XBLOCK: tl.constexpr" + ("" if plan.shape.pointwise else ", RBLOCK: tl.constexpr")
-        head = f"{jit}\ndef {name}_{variant}({signature}, {blocks}):\n"
-        functions.append(head + "\n".join(lines) + "\n")
+        # Note: symbolic blocks: under a size cap, 32-bit index math with the sizes narrowed on
+        # entry, and the same program with 64-bit index math for calls past the cap
+        widths = [(variant, plan.index_bits)] + ([(f"{variant}_wide", 64)] if plan.size_cap else [])
+        for function, bits in widths:
+            narrowed = [f"    {v} = {v}.to(tl.int32)" for v in variables] if plan.size_cap and bits == 32 else []
+            lines = narrowed + render_body(program, errors, bits, scalars)
+            functions.append(f"{jit}\ndef {name}_{function}({signature}, {blocks}):\n" + "\n".join(lines) + "\n")
     scans = any(u.op is Ops.BLOCK_SCAN for u in every)
     symbolic_loops = any(u.op is Ops.RANGE and u.src[0].op is not Ops.CONST for u in every)
     preludes = PRELUDE + (SCAN_PRELUDE if scans else "") + (LOOP_BOUND_PRELUDE if symbolic_loops else "")

@@ -248,18 +248,20 @@ class TritonLauncher:
     def __init__(self, module: ModuleType, name: str, variants: list[str], xnumel: int, rnumel: int,
                  written: list[int], interpret: bool, autotune: bool = True, xextent: int = 0,
                  arguments: list[str] | None = None, root: str = "", relative: str = "",
-                 grid_numel: str = "", variables: list[str] | None = None, variables_at: int = 0) -> None:  # fmt: skip
+                 grid_numel: str = "", variables: list[str] | None = None, variables_at: int = 0,
+                 size_cap: int = 0) -> None:  # fmt: skip
         self.module, self.name, self.variants, self.autotune = module, name, variants, autotune
         # Note: symbolic blocks (codegen/blocks.py): the x extent of each call, from its size arguments
         self.symbolic_grid = symbolic_grid(grid_numel, variables or [], variables_at) if grid_numel else None
         self.size_arguments = range(variables_at, variables_at + len(variables or []))
+        self.size_cap = size_cap  # past it, a call takes the kernel with 64-bit index math
         self.xextent = max(xnumel, xextent)  # what XBLOCK may cover (more than the grid's x: nested reductions)
         self.xnumel, self.rnumel, self.written, self.interpret = xnumel, rnumel, written, interpret
         # the argument types the renderer declared (renderer/triton_module.py `argument_kinds`)
         self.signature = signature_of(arguments) if arguments is not None else None
         self.root, self.relative = root, relative  # the module in the cache, for compile requests
         self.config: LaunchConfig | None = None
-        self.compiled: dict[tuple, Any] = {}  # pointer alignments -> compiled kernel
+        self.compiled: dict[tuple, Any] = {}  # pointer alignments (and past the size cap) -> compiled kernel
         self.grid, self.stream_device = 0, 0
         self.constexprs: tuple[int, ...] = ()
         self.pool: CompilePool | None = None
@@ -276,16 +278,17 @@ class TritonLauncher:
         # Note: the fast launch. Triton's own launch path binds and specializes the arguments
         # in Python on every call (tens of microseconds); after the first launch for an
         # alignment of the pointers, the compiled kernel is called directly.
-        aligned = tuple(isinstance(a, int) or a.data_ptr() % 16 == 0 for a in args)  # (an int: the seed)
-        kernel = self.compiled.get(aligned)
+        aligned = tuple(isinstance(a, int) or a.data_ptr() % 16 == 0 for a in args)  # (an int: the seed, a size)
+        wide = self.size_cap > 0 and self.past_cap(args)
+        kernel = self.compiled.get((*aligned, wide))
         if kernel is None:
             with self.lock:
-                kernel = self.compiled.get(aligned)
+                kernel = self.compiled.get((*aligned, wide))
                 if kernel is None:
                     self.stream_device = torch_cuda_current_device()
                     target, _ = device_facts(self.stream_device)
-                    kernel = self.compiled_kernel(self.config, argument_types(args), aligned, target)
-                    self.compiled[aligned] = kernel
+                    kernel = self.compiled_kernel(self.config, argument_types(args), aligned, target, wide)
+                    self.compiled[(*aligned, wide)] = kernel
         stream = raw_stream(self.stream_device)
         kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
                    *args, *self.constexprs)  # fmt: skip
@@ -304,6 +307,14 @@ class TritonLauncher:
         grid = (self.xnumel + config.xblock - 1) // config.xblock
         return grid, {"XBLOCK": config.xblock} | ({"RBLOCK": config.rblock} if config.rblock else {})
 
+    def past_cap(self, args: tuple) -> bool:
+        """Whether a size of this call exceeds the cap of 32-bit index math (Note: symbolic blocks)."""
+        return any(args[i] > self.size_cap for i in self.size_arguments)
+
+    def function(self, config: LaunchConfig, wide: bool) -> str:
+        """The jit function of `config`: with 64-bit index math when `wide`."""
+        return f"{self.name}_{config.variant}{'_wide' if wide else ''}"
+
     def grid_of(self, config: LaunchConfig, args: tuple) -> int:
         """The programs a launch of `config` on `args` runs."""
         if self.symbolic_grid is not None:
@@ -314,7 +325,9 @@ class TritonLauncher:
         """Under the interpreter: one launch through Triton's `fn[grid]`."""
         from ember.runtime.triton_libdevice import interpreted_size
 
-        fn = getattr(self.module, f"{self.name}_{config.variant}")
+        wide = self.size_cap > 0 and self.past_cap(args)
+        metrics.add(triton_wide_index_launches=wide)
+        fn = getattr(self.module, self.function(config, wide))
         _, blocks = self.grid_and_blocks(config)
         grid = self.grid_of(config, args)
         args = tuple(interpreted_size(a) if i in self.size_arguments else a for i, a in enumerate(args))
@@ -323,10 +336,10 @@ class TritonLauncher:
     # ---- compiling (Note: ember owns the Triton compile) -------------------------------------
 
     def request(self, config: LaunchConfig, signature: tuple[str, ...], aligned: tuple[bool, ...],
-                target: tuple[str, int, int]) -> CompileRequest:  # fmt: skip
+                target: tuple[str, int, int], wide: bool = False) -> CompileRequest:  # fmt: skip
         options, cache_dir, environment = triton_settings()
         _, blocks = self.grid_and_blocks(config)
-        return CompileRequest(self.root, self.relative, self.module._sha256, f"{self.name}_{config.variant}",
+        return CompileRequest(self.root, self.relative, self.module._sha256, self.function(config, wide),
                               signature, aligned, tuple(blocks.items()), config.num_warps, target, options,
                               cache_dir, environment)  # fmt: skip
 
@@ -344,10 +357,10 @@ class TritonLauncher:
         metrics.add(triton_configs_precompiled=len(plan))
 
     def compiled_kernel(self, config: LaunchConfig, signature: tuple[str, ...], aligned: tuple[bool, ...],
-                        target: tuple[str, int, int]) -> Any:  # fmt: skip
+                        target: tuple[str, int, int], wide: bool = False) -> Any:  # fmt: skip
         """`config` compiled for a call with these argument types and alignments, loaded on the
         current device: after the pool's work on it, if it was precompiled (a cache hit then)."""
-        request = self.request(config, signature, aligned, target)
+        request = self.request(config, signature, aligned, target, wide)
         pending = self.pool.pending(request) if self.pool is not None else None
         if pending is None:
             metrics.add(triton_compiles_in_process=1)
@@ -361,7 +374,8 @@ class TritonLauncher:
     def trial(self, config: LaunchConfig, args: tuple, target: tuple[str, int, int]) -> Callable[[], None]:
         """A launch of `config` on `args` (compiled now), as a benchmark repeats it; changes
         nothing the fast path reads."""
-        kernel = self.compiled_kernel(config, argument_types(args), argument_alignment(args), target)
+        wide = self.size_cap > 0 and self.past_cap(args)
+        kernel = self.compiled_kernel(config, argument_types(args), argument_alignment(args), target, wide)
         grid, blocks = self.grid_of(config, args), self.grid_and_blocks(config)[1]
         stream, constexprs = raw_stream(torch_cuda_current_device()), tuple(blocks.values())
 
