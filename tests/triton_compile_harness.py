@@ -119,6 +119,14 @@ def main() -> None:
     unaligned = launcher.request(launcher.tuning_plan("stand-in sm_90")[0], launcher.signature,
                                  (False,) * len(launcher.signature), TARGET)  # fmt: skip
     compile_kernel(getattr(launcher.module, unaligned.function), unaligned)
+    wide = 0  # a symbolic kernel's 64-bit-index twin, which calls past its size cap compile in the process
+    for launcher in launchers if symbolic else []:
+        if launcher.size_cap:
+            config = launcher.tuning_plan("stand-in sm_90")[0]
+            every_aligned = (True,) * len(launcher.signature)
+            request = launcher.request(config, launcher.signature, every_aligned, TARGET, wide=True)
+            compile_kernel(getattr(launcher.module, request.function), request)
+            wide += 1
     report = {
         "kernels": len(launchers),
         "plans": sorted(len(launcher.tuning_plan("stand-in sm_90")) for launcher in launchers),
@@ -135,6 +143,7 @@ def main() -> None:
         "by_value_kernels": sum(1 for launcher in launchers if "i64" in launcher.signature),
         "symbolic_graphs": ember.metrics.symbolic_graphs,
         "symbolic_grid_kernels": sum(1 for launcher in launchers if launcher.symbolic_grid is not None),
+        "wide_compiled": wide,
     }
     print("harness: " + json.dumps(report), flush=True)
 
