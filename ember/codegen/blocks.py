@@ -222,12 +222,13 @@ def narrow_size_cap(sink: UOp, shape: KernelShape, limits: BlockLimits) -> int:
     from ember.uop.ops import substitute
     from ember.uop.variables import variable
 
-    root = UOp(Ops.SINK, dtypes.void, (sink, *(e for e in (shape.xnumel, shape.rnumel) if isinstance(e, UOp))))
+    extents = (shape.xnumel, shape.xextent, shape.rnumel)  # (block lowering's masks and loops compare with them)
+    root = UOp(Ops.SINK, dtypes.void, (sink, *(e for e in extents if isinstance(e, UOp))))
 
     def fits(cap: int) -> bool:
         capped = {v: variable(v.arg.name, v.arg.vmin, min(v.arg.vmax, cap)) for v in variables}
-        kernel, *extents = substitute(root, capped).src
-        return index_fits(kernel, tuple(extents), limits)
+        kernel, *capped_extents = substitute(root, capped).src
+        return index_fits(kernel, tuple(capped_extents), limits)
 
     low, high = max(1, (max(v.arg.vmin for v in variables) - 1).bit_length()), 31  # exponents of caps
     if low > high or not fits(2**low):
