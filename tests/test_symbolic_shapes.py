@@ -469,3 +469,22 @@ def test_a_new_guard_raises_while_refused(guard_refusal):
         bool(n > 5)
     assert bool(n > 5)  # afterwards the environment guards again
     assert not shape_env.frozen
+
+
+def test_the_size_cap_of_32_bit_indexes_is_the_largest_that_fits():
+    """A Triton kernel indexes in int32 while every size is at most its cap (Note: symbolic blocks,
+    ember/codegen/blocks.py): with s0 * s1 * 1000 an index, the cap is the largest power of two C
+    with C * C * 1000 within int32 (less the blocks' padding)."""
+    from ember.codegen.blocks import BlockLimits, KernelShape, narrow_size_cap
+
+    s0, s1 = variable("s0", 2, 2**62), variable("s1", 2, 2**62)
+    index = s0 * s1 * 1000
+    sink = UOp(Ops.SINK, dtypes.void, (index,))
+    cap = narrow_size_cap(sink, KernelShape((), (), (), s0 * s1, 0), BlockLimits())
+    limit = 2**31 - 1 - 2 * BlockLimits().persistent_row
+    assert cap * cap * 1000 <= limit < (2 * cap) * (2 * cap) * 1000
+    bounded = substitute(index, {s0: variable("s0", 2, cap), s1: variable("s1", 2, cap)})
+    assert bounded.vmax <= limit
+    # a size that no cap bounds (an index past int32 at the smallest sizes): none
+    huge = UOp(Ops.SINK, dtypes.void, (s0 * (2**31),))
+    assert narrow_size_cap(huge, KernelShape((), (), (), s0, 0), BlockLimits()) == 0
