@@ -45,7 +45,9 @@ Note: symbolic blocks
     argument after its buffers, never specialized (renderer/triton_module.py), so one compiled
     kernel serves every shape. The launcher sizes blocks by each extent's upper bound (blocks
     are never larger than a static kernel's for a large size) and computes the grid at every
-    call from the x extent's Python source over the variables (`BlockPlan.launch`). A symbolic
+    call from the x extent's Python source over the variables (`BlockPlan.launch`); its launch
+    configuration is chosen once, by timing at the first call's sizes (Note: bounded tuning,
+    runtime/triton.py), and serves every shape after (no retuning per shape). A symbolic
     row is persistent only where its bound fits one block; otherwise only the looped variant
     exists. Index math is 32-bit where the variables' bounds keep every value within int32
     (`index_bits`); dynamo's sizes are unbounded, so for their kernels codegen finds the largest
