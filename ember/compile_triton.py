@@ -113,5 +113,6 @@ def compile_triton_kernels(rendered: dict[int, tuple[RenderedKernel, tuple[str, 
         errors = tuple((e.error, e.message) for e in kernel.errors)
         written = [j for j, (_, _, w) in enumerate(kernel.params) if w]
         launch = {**kernel.launch, "written": written, "interpret": interpret, "autotune": config.autotune}
-        binaries[i] = KernelBinary(kernel.name, path, kernel.name, params, errors, triton=launch, sha256=sha256)
+        binaries[i] = KernelBinary(kernel.name, path, kernel.name, params, errors, triton=launch, sha256=sha256,
+                                   variables=kernel.variables)  # fmt: skip
     return binaries

@@ -90,15 +90,17 @@ def lower_blocks(sink: UOp, plan: BlockPlan, variant: str) -> UOp:
     return _BlockLowering(sink, plan, variant).run()
 
 
-def _index(value: int) -> UOp:
-    return UOp.const(dtypes.index, value)
+def _index(value: int | UOp) -> UOp:
+    """An extent as an index UOp: a constant, or already an expression of size variables
+    (Note: symbolic blocks, codegen/blocks.py)."""
+    return value if isinstance(value, UOp) else UOp.const(dtypes.index, value)
 
 
 def decompose(position: UOp, ranges: tuple[UOp, ...], r: UOp) -> UOp:
     """Range `r`'s value at the flattened `position` over `ranges` (last fastest)."""
     i = ranges.index(r)
     stride = elements(ranges[i + 1 :])
-    value = position if stride == 1 else position.alu(Ops.IDIV, _index(stride))
+    value = position if isinstance(stride, int) and stride == 1 else position.alu(Ops.IDIV, _index(stride))
     return value if i == 0 else value.alu(Ops.MOD, r.src[0])
 
 
@@ -180,7 +182,7 @@ class _BlockLowering:
         position = loop.alu(Ops.ADD, UOp(Ops.ARANGE, dtypes.index, (), BlockArg(BlockAxis.X)))
         return self.keep(Phase(ranges, position, position.lt(_index(numel)), parent, loop, True, sequential=True))
 
-    def loop(self, numel: int, kind: RangeKind, block: BlockAxis | None) -> UOp:
+    def loop(self, numel: int | UOp, kind: RangeKind, block: BlockAxis | None) -> UOp:
         return UOp(Ops.RANGE, dtypes.index, (_index(numel),), RangeArg(kind, next(self.loop_orders), block=block))
 
     def keep(self, phase: Phase) -> Phase:

@@ -51,7 +51,7 @@ C_SIZES = SizeSpelling(
 
 
 def size_expression(u: UOp) -> str:
-    """C (and Triton) source of an index expression of constants and size variables: a loop's
+    """C source of an index expression of constants and size variables: a loop's
     bound (Note: symbolic sizes). Sizes are never negative, so C's division is Python's."""
     return spell_size(u, C_SIZES)
 
