@@ -82,22 +82,27 @@ def _splits_into_parts(ctx: LoweringContext, body: UOp, ranges: list[UOp], combi
     """Whether a REDUCE of `body` over `ranges` to `out_shape` is summed in parts (Note: a long sum in parts)."""
     if not ctx.ordered_reductions or combine is not Ops.ADD or not body.dtype.is_float:
         return False
+    extents = _static_extents(ranges)
+    if extents is None or any(not isinstance(n, int) or n != 1 for n in out_shape):
+        return False
+    return math.prod(extents) >= SUM_PARTS_MIN and extents[0] % SUM_PARTS == 0
+
+
+def _static_extents(ranges: list[UOp]) -> list[int] | None:
     extents = [r.src[0].static_size for r in ranges]
-    if any(n is None for n in extents) or any(n != 1 for n in out_shape if isinstance(n, int)):
-        return False
-    if any(not isinstance(n, int) for n in out_shape):
-        return False
-    return math.prod(extents) >= SUM_PARTS_MIN and extents[0] % SUM_PARTS == 0  # type: ignore[arg-type]
+    return None if any(n is None for n in extents) else [n for n in extents if n is not None]
 
 
 def split_sum(ctx: LoweringContext, body: UOp, ranges: list[UOp]) -> UOp:
-    """The sum of `body` over `ranges` as SUM_PARTS sums over consecutive parts of ranges[0], added."""
-    outer, inner = ranges[0], ranges[1:]
-    part = outer.src[0].static_size // SUM_PARTS
+    """The sum of `body` over `ranges` (static extents) as SUM_PARTS sums over consecutive parts of
+    ranges[0], added."""
+    extents = _static_extents(ranges)
+    assert extents is not None, "split_sum needs static extents (_splits_into_parts checks)"
+    part = extents[0] // SUM_PARTS
     parts = []
     for k in range(SUM_PARTS):
-        fresh = [ctx.reduce_range(part)] + [ctx.reduce_range(r.src[0].static_size) for r in inner]
-        mapping = {outer: fresh[0] + k * part, **dict(zip(inner, fresh[1:]))}
+        fresh = [ctx.reduce_range(part)] + [ctx.reduce_range(n) for n in extents[1:]]
+        mapping = {ranges[0]: fresh[0] + k * part, **dict(zip(ranges[1:], fresh[1:]))}
         parts.append(UOp(Ops.REDUCE, body.dtype, (substitute(body, mapping), *fresh), Ops.ADD))
     while len(parts) > 1:  # added pairwise
         parts = [a + b for a, b in zip(parts[0::2], parts[1::2])] + parts[len(parts) - len(parts) % 2 :]
