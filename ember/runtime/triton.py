@@ -186,9 +186,15 @@ def torch_cuda_current_device() -> int:
 
 
 def raw_stream(device: int) -> int:
+    return stream_getter()(device)
+
+
+def stream_getter() -> Callable[[int], int]:
+    """torch's C function giving a device's current CUDA stream, which the fast launch calls
+    without a Python frame around it."""
     import torch
 
-    return torch._C._cuda_getCurrentRawStream(device)
+    return torch._C._cuda_getCurrentRawStream
 
 
 @functools.cache
@@ -208,6 +214,19 @@ def loaded(kernel: Any) -> Any:
     `kernel.function` exists only after that)."""
     kernel.run  # noqa: B018
     return kernel
+
+
+def direct_launch(kernel: Any) -> tuple:
+    """(C launch function, CUfunction, the arguments between them and the kernel's): the call
+    `kernel.run(grid, 1, 1, stream, function, metadata, None, None, None, *args)` makes, without
+    its Python frame, where the kernel needs no scratch memory (Triton allocates that per
+    launch; such a kernel goes through `kernel.run`)."""
+    run = kernel.run
+    fields = ("launch", "launch_cooperative_grid", "launch_pdl", "global_scratch_size", "profile_scratch_size")
+    if all(hasattr(run, f) for f in fields) and not run.global_scratch_size and not run.profile_scratch_size:
+        head = (run.launch_cooperative_grid, run.launch_pdl, None, None, kernel.packed_metadata, None, None, None)
+        return run.launch, kernel.function, head
+    return run, kernel.function, (kernel.packed_metadata, None, None, None)
 
 
 # ---- the launcher ----------------------------------------------------------------------------
@@ -238,11 +257,15 @@ class TritonLauncher:
         self.signature = signature_of(arguments) if arguments is not None else None
         self.root, self.relative = root, relative  # the module in the cache, for compile requests
         self.config: LaunchConfig | None = None
-        self.compiled: dict[tuple, Any] = {}  # pointer alignments -> compiled kernel
+        self.compiled: dict[tuple, tuple] = {}  # pointer alignments -> direct launch (`direct_launch`)
         self.grid, self.stream_device = 0, 0
         self.constexprs: tuple[int, ...] = ()
         self.pool: CompilePool | None = None
         self.lock = threading.Lock()
+        # every argument a pointer (no seed): the fast path checks alignment with one OR
+        self.only_pointers = self.signature is not None and all(t.startswith("*") for t in self.signature)
+        self.direct_aligned: tuple | None = None  # the direct launch for 16-byte aligned pointers
+        self.current_stream: Callable[[int], int] = raw_stream  # (stream_getter's, from the first launch)
 
     def __call__(self, *args: Any) -> None:
         if self.config is None:
@@ -253,20 +276,38 @@ class TritonLauncher:
             return
         # Note: the fast launch. Triton's own launch path binds and specializes the arguments
         # in Python on every call (tens of microseconds); after the first launch for an
-        # alignment of the pointers, the compiled kernel is called directly.
+        # alignment of the pointers, the compiled kernel's C launcher is called directly. A
+        # wrapper launches a hundred kernels or more per call, so each microsecond here is
+        # about a tenth of a millisecond of a training step's CPU time, which the GPU waits for.
+        if self.only_pointers:
+            combined = 0
+            for a in args:
+                combined |= a.data_ptr()
+            direct = self.direct_aligned if not combined & 15 else None
+        else:
+            direct = None
+        if direct is None:
+            direct = self.direct_for(args)
+        launch, function, head = direct
+        launch(self.grid, 1, 1, self.current_stream(self.stream_device), function, *head, *args, *self.constexprs)
+
+    def direct_for(self, args: tuple) -> tuple:
+        """The direct launch (see `direct_launch`) of the kernel compiled for these pointer
+        alignments: compiled at the first launch for them, under the lock."""
         aligned = tuple(isinstance(a, int) or a.data_ptr() % 16 == 0 for a in args)  # (an int: the seed)
-        kernel = self.compiled.get(aligned)
-        if kernel is None:
+        direct = self.compiled.get(aligned)
+        if direct is None:
             with self.lock:
-                kernel = self.compiled.get(aligned)
-                if kernel is None:
+                direct = self.compiled.get(aligned)
+                if direct is None:
+                    self.current_stream = stream_getter()
                     self.stream_device = torch_cuda_current_device()
                     target, _ = device_facts(self.stream_device)
-                    kernel = self.compiled_kernel(self.config, argument_types(args), aligned, target)
-                    self.compiled[aligned] = kernel
-        stream = raw_stream(self.stream_device)
-        kernel.run(self.grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                   *args, *self.constexprs)  # fmt: skip
+                    direct = direct_launch(self.compiled_kernel(self.config, argument_types(args), aligned, target))
+                    self.compiled[aligned] = direct
+                    if all(aligned) and self.only_pointers:
+                        self.direct_aligned = direct  # last: the fast path reads it without the lock
+        return direct
 
     def configure(self, args: tuple) -> None:
         """Choose the launch configuration once, whichever threads make the first calls."""
