@@ -84,7 +84,7 @@ def softmax_input(weights: Any, reader: torch.fx.Node) -> torch.fx.Node | None:
         return None
     if _is_call(weights, aten._softmax.default):
         x, dim, half_to_float = weights.args
-        return x if dim in LAST_DIM and not half_to_float else None
+        return x if dim in LAST_DIM and not half_to_float and set(x.users) == {weights} else None
     if not _is_call(weights, aten.div.Tensor):
         return None
     exp, total = weights.args
