@@ -28,10 +28,10 @@ def rotary(q, k, inv_freq):
 @pytest.mark.parametrize("heads, kernels", [((4, 4), 2), ((8, 2), 3)])
 def test_rotary_cos_sin_computed_once(heads, kernels):
     q_heads, kv_heads = heads
-    q, k = data((2, q_heads, 16, 8), seed=0), data((2, kv_heads, 16, 8), seed=1)
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8))
+    q, k = data((2, q_heads, 128, 32), seed=0), data((2, kv_heads, 128, 32), seed=1)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32))
     check(rotary, q, k, inv_freq, rtol=1e-4, atol=1e-4)
-    # cos and sin in one kernel of [16, 8], read by q's and k's kernels (one kernel when they have
+    # cos and sin in one kernel of [128, 32], read by q's and k's kernels (one kernel when they have
     # the same heads); inlined, they were computed again for every batch and head in those
     assert ember.metrics.kernels_generated == kernels
 
@@ -49,5 +49,11 @@ def test_a_cheap_broadcast_value_stays_inlined():
 
 def test_a_broadcast_read_by_one_small_consumer_stays_inlined():
     """Twice over in all (under RECOMPUTED_TIMES): not worth a kernel of its own."""
-    check(lambda w, x: x * w.exp(), data((32,), seed=0), data((2, 32), seed=1))
+    check(lambda w, x: x * w.exp(), data((1 << 15,), seed=0), data((2, 1 << 15), seed=1))
+    assert ember.metrics.kernels_generated == 1
+
+
+def test_a_small_broadcast_value_stays_inlined():
+    """Computed again 6 x 60 times: cheaper than a kernel call of its own."""
+    check(lambda x: x * x[:, :1].sigmoid(), data((4, 6, 5, 3), seed=0))
     assert ember.metrics.kernels_generated == 1

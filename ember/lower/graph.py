@@ -231,15 +231,17 @@ def _maybe_realize(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue
 # query's and key's [B, H, S, D] kernels of every layer cost 2 * H * layers transcendentals per
 # element instead of 2. Realized, they are computed once and read. Only for bodies with a
 # transcendental (a broadcast affine parameter costs less to recompute than to load twice), and
-# only where consumers would compute it RECOMPUTED_TIMES over in all, one of them through a broadcast.
+# only where consumers would compute it RECOMPUTED_TIMES over in all, one of them through a broadcast,
+# and RECOMPUTED_MIN elements again at least (a small value is cheaper to recompute than to launch for).
 TRANSCENDENTAL_OPS = {
     Ops.EXP, Ops.EXP2, Ops.EXPM1, Ops.LOG, Ops.LOG2, Ops.LOG10, Ops.LOG1P, Ops.SIN, Ops.COS, Ops.TAN,
     Ops.ASIN, Ops.ACOS, Ops.ATAN, Ops.SINH, Ops.COSH, Ops.TANH, Ops.ERF, Ops.POW,
 }  # fmt: skip
 RECOMPUTED_TIMES = 4
+RECOMPUTED_MIN = 1 << 15  # elements computed again: fewer cost less than a kernel call of their own
 
 
-def _recomputed_under_broadcast(node: torch.fx.Node, body: list) -> bool:
+def _recomputed_under_broadcast(node: torch.fx.Node, body: tuple) -> bool:
     """Whether inlining `node`'s value (`body`: its UOps) would compute each element of it
     RECOMPUTED_TIMES or more, some consumer reading it broadcast (Note: values recomputed under a broadcast)."""
     if not any(u.op in TRANSCENDENTAL_OPS for u in body):
@@ -248,7 +250,9 @@ def _recomputed_under_broadcast(node: torch.fx.Node, body: list) -> bool:
     readers = [_static_numel(user.meta.get("val")) for user in _readers_through_views(node)]
     if not elements or not readers or any(r is None for r in readers):
         return False
-    return max(readers) >= 2 * elements and sum(readers) >= RECOMPUTED_TIMES * elements  # type: ignore[arg-type]
+    total = sum(readers)  # type: ignore[arg-type]
+    broadcast = max(readers) >= 2 * elements  # type: ignore[type-var, operator]
+    return broadcast and total >= RECOMPUTED_TIMES * elements and total - elements >= RECOMPUTED_MIN
 
 
 def _readers_through_views(node: torch.fx.Node) -> list[torch.fx.Node]:
