@@ -28,7 +28,9 @@ class Metrics:
     tiled_kernels: int = 0  # C++ kernels whose loops are 2-D tiles for transposed access (codegen/tiling.py)
     fusions: int = 0  # pairs of groups merged by the scheduler
     fusion_refusals: int = 0
-    reduce_loops: int = 0  # loops C++ kernels walk to reduce (Note: shared reduce loops, codegen/shared_loops.py)
+    # loops kernels walk to reduce: C++ kernels, and Triton kernels' looped variants (Note: shared reduce loops,
+    # codegen/shared_loops.py; Note: independent reductions share a looped phase, codegen/block_lowering.py)
+    reduce_loops: int = 0
     extern_calls: int = 0  # all aten calls in wrappers (fallbacks included)
     fallback_calls: int = 0  # aten calls for ops ember has no lowering for
     fallback_ops: Counter = field(default_factory=Counter)

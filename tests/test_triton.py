@@ -369,3 +369,15 @@ def test_special_functions_in_float64_and_their_gradients():
     (want,) = torch.autograd.grad((torch.lgamma(exact) + torch.digamma(exact)).sum(), exact)
     torch.testing.assert_close(grad, want, rtol=1e-11, atol=1e-11)
     assert ember.metrics.fallback_calls == 0
+
+
+def test_independent_reductions_share_a_looped_phase():
+    """A column sum next to a weighted one, and layer norm's backward (sums of dy and dy * xhat
+    over one row): the looped variant walks each row once for both (Note: independent reductions
+    share a looped phase); a variance, which reads its mean, still walks the row twice."""
+    x, w = torch.randn(64, 48), torch.randn(64, 48)
+    check_lowered({"weighted": lambda x, w: (x * w).sum(0), "plain": lambda x, w: x.sum(0)}, x, w)
+    assert ember.metrics.reduce_loops == 1
+    ember.metrics.reset()
+    check_lowered({"var": lambda x, w: x.var(1)}, x, w)
+    assert ember.metrics.reduce_loops == 2
