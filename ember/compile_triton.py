@@ -112,7 +112,13 @@ def compile_triton_kernels(rendered: dict[int, tuple[RenderedKernel, tuple[str, 
         metrics.add(code_cache_hits=cached, code_cache_misses=not cached)
         errors = tuple((e.error, e.message) for e in kernel.errors)
         written = [j for j, (_, _, w) in enumerate(kernel.params) if w]
-        launch = {**kernel.launch, "written": written, "interpret": interpret, "autotune": config.autotune}
+        launch = {
+            **kernel.launch,
+            "written": written,
+            "interpret": interpret,
+            "autotune": config.autotune,
+            "tuned": config.tuning_candidates,
+        }
         binaries[i] = KernelBinary(kernel.name, path, kernel.name, params, errors, triton=launch, sha256=sha256,
                                    variables=kernel.variables)  # fmt: skip
     return binaries

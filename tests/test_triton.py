@@ -381,3 +381,20 @@ def test_independent_reductions_share_a_looped_phase():
     ember.metrics.reset()
     check_lowered({"var": lambda x, w: x.var(1)}, x, w)
     assert ember.metrics.reduce_loops == 2
+
+
+def test_tuning_candidates_bound_what_a_first_call_compiles(monkeypatch):
+    """EMBER_TUNING_CANDIDATES: the first call compiles and times at most that many
+    configurations, the best guesses first (what the compile pool precompiles too)."""
+    module = type("StandInModule", (), {"_sha256": "0" * 64})
+    monkeypatch.setattr(triton_runtime.TritonLauncher, "recorded_winner", lambda self, device: None)
+
+    def plan(tuned: int, variants: list[str]) -> list:
+        launcher = triton_runtime.TritonLauncher(module, "k", variants, 1 << 16, 8192, [0], interpret=False,
+                                                 tuned=tuned)  # fmt: skip
+        return launcher.tuning_plan("stand-in GPU")
+
+    for variants in (["pointwise"], ["persistent", "looped"]):
+        every = triton_runtime.candidates(variants, 1 << 16, 8192, False)
+        assert len(every) > 2 and plan(8, variants) == every[:8]
+        assert plan(2, variants) == every[:2] and plan(1, variants) == every[:1]

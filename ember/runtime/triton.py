@@ -265,11 +265,12 @@ class TritonLauncher:
     nothing shared, so a benchmark's trial launches never alter what other calls run."""
 
     def __init__(self, module: ModuleType, name: str, variants: list[str], xnumel: int, rnumel: int,
-                 written: list[int], interpret: bool, autotune: bool = True, xextent: int = 0,
+                 written: list[int], interpret: bool, autotune: bool = True, xextent: int = 0, tuned: int = 8,
                  arguments: list[str] | None = None, root: str = "", relative: str = "",
                  grid_numel: str = "", variables: list[str] | None = None, variables_at: int = 0,
                  size_cap: int = 0) -> None:  # fmt: skip
         self.module, self.name, self.variants, self.autotune = module, name, variants, autotune
+        self.tuned = max(1, tuned)  # the most candidates the first call times (config.tuning_candidates)
         # Note: symbolic blocks (codegen/blocks.py): the x extent of each call, from its size arguments
         self.symbolic_grid = symbolic_grid(grid_numel, variables or [], variables_at) if grid_numel else None
         self.size_arguments = range(variables_at, variables_at + len(variables or []))
@@ -451,7 +452,7 @@ class TritonLauncher:
         """The configurations the first call launches: one where there is nothing to choose or
         the choice cannot matter (the interpreter, autotune off, one candidate, a tiny kernel, a
         recorded winner), else the candidates it times."""
-        options = candidates(self.variants, self.xextent, self.rnumel, self.interpret)
+        options = candidates(self.variants, self.xextent, self.rnumel, self.interpret)[: self.tuned]
         if self.interpret or not self.autotune or len(options) == 1 or self.tiny:
             return options[:1]
         winner = self.recorded_winner(device_name)
