@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python -m benchmarks.dynamic_shapes generate [--layers 2 --width 128] [--tokens 64]
                                                                    [--prompt 8] [--batch 1] [--rounds 5]
     OMP_NUM_THREADS=1 python -m benchmarks.dynamic_shapes steady [--cases gpt2-tiny,gpt2,bert,llama] [--rounds 20]
+    python -m benchmarks.dynamic_shapes steady --device cuda [--cases gpt2-768,llama-768,gpt2,llama]
 
 `generate`: GPT-2 (random weights, transformers' DynamicCache) writes `--tokens` tokens greedily
 after a prompt, eager and `torch.compile(model, backend="ember", dynamic=True)`. It prints the
@@ -15,7 +16,10 @@ cache (the second process loads ember's graphs; dynamo and AOTAutograd still tra
 
 `steady`: each case compiled twice by ember, with static sizes (`dynamic=False`, one graph per
 shape) and with symbolic ones (`dynamic=True`, one graph), called in turns at each shape; the
-CPU milliseconds per call (one thread) of both and their ratio, minimum over `--rounds`.
+CPU milliseconds per call (one thread) of both and their ratio, minimum over `--rounds`. With
+`--device cuda` the models run on the GPU (Triton kernels; symbolic ones: Note: symbolic blocks,
+ember/codegen/blocks.py) and a call is timed by wall clock from a synchronized GPU to a
+synchronized GPU.
 
 With OMP_NUM_THREADS=1 the CPU time of the one thread is all the work; the load average is
 printed first.
@@ -117,8 +121,10 @@ def _symbolic_call(model: Callable, *args: Any) -> Any:
 
 
 class Case:
-    def __init__(self, name: str, model: Callable, make_inputs: Callable[..., tuple], shapes: list[tuple]):
+    def __init__(self, name: str, model: Callable, make_inputs: Callable[..., tuple], shapes: list[tuple],
+                 module: torch.nn.Module | None = None):  # fmt: skip
         self.name, self.model, self.make_inputs, self.shapes = name, model, make_inputs, shapes
+        self.module = module  # what moves to the device
 
 
 def hugging_face(name: str, layers: int, width: int, shapes: list[tuple]) -> Case:
@@ -143,11 +149,14 @@ def hugging_face(name: str, layers: int, width: int, shapes: list[tuple]) -> Cas
         out = model(input_ids=ids, use_cache=False)
         return out[0]
 
-    return Case(name, forward, lambda b, s: (torch.randint(0, 1000, (b, s)),), shapes)
+    return Case(name, forward, lambda b, s: (torch.randint(0, 1000, (b, s)),), shapes, model)
 
 
 CASES: dict[str, Callable[[], Case]] = {
     "gpt2-tiny": lambda: hugging_face("gpt2-tiny", 2, 128, [(1, 8), (2, 17), (1, 33), (4, 64)]),
+    # GPU sizes (--device cuda)
+    "gpt2-768": lambda: hugging_face("gpt2-768", 4, 768, [(8, 256), (4, 250), (16, 100), (1, 37)]),
+    "llama-768": lambda: hugging_face("llama-768", 4, 768, [(8, 256), (4, 250), (16, 100), (1, 37)]),
     "gpt2": lambda: hugging_face("gpt2", 2, 256, [(4, 128), (2, 50), (1, 16)]),
     "bert": lambda: hugging_face("bert", 2, 256, [(4, 128), (2, 50), (1, 16)]),
     "llama": lambda: hugging_face("llama", 2, 256, [(4, 128), (2, 50), (1, 16)]),
@@ -160,14 +169,25 @@ def cpu_ms(fn: Callable[[], Any]) -> float:
     return (time.thread_time() - start) * 1e3
 
 
-def run_case(case: Case, rounds: int) -> list[str]:
+def gpu_ms(fn: Callable[[], Any]) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
+
+
+def run_case(case: Case, rounds: int, device: str = "cpu") -> list[str]:
     torch._dynamo.reset()
+    if case.module is not None:
+        case.module.to(device)
+    measure = cpu_ms if device == "cpu" else gpu_ms
     static = torch.compile(functools.partial(_static_call, case.model), backend="ember", dynamic=False)
     symbolic = torch.compile(functools.partial(_symbolic_call, case.model), backend="ember", dynamic=True)
     rows = []
     with torch.no_grad():
         for shape in case.shapes:
-            inputs = case.make_inputs(*shape)
+            inputs = tuple(x.to(device) for x in case.make_inputs(*shape))
             want = case.model(*inputs)
             calls = {"static": functools.partial(static, *inputs), "symbolic": functools.partial(symbolic, *inputs)}
             for fn in calls.values():
@@ -176,7 +196,7 @@ def run_case(case: Case, rounds: int) -> list[str]:
             samples: dict[str, list[float]] = {name: [] for name in calls}
             for _ in range(rounds):
                 for name, fn in calls.items():
-                    samples[name].append(cpu_ms(fn))
+                    samples[name].append(measure(fn))
             best = {name: min(values) for name, values in samples.items()}
             ratio = best["symbolic"] / best["static"]
             rows.append(f"{case.name:10s} {str(shape):10s} static {best['static']:8.3f}  "
@@ -187,10 +207,11 @@ def run_case(case: Case, rounds: int) -> list[str]:
 
 
 def run_steady(args: argparse.Namespace) -> None:
-    print(f"CPU ms per call, one thread, minimum of {args.rounds} interleaved rounds; {load_average()}")
+    what = "CPU ms per call, one thread" if args.device == "cpu" else f"wall ms per call on {args.device}"
+    print(f"{what}, minimum of {args.rounds} interleaved rounds; {load_average()}")
     for name in args.cases.split(","):
         ember.metrics.reset()
-        for row in run_case(CASES[name](), args.rounds):
+        for row in run_case(CASES[name](), args.rounds, args.device):
             print(row, flush=True)
     print(load_average())
 
@@ -207,10 +228,11 @@ def main() -> None:
     g.add_argument("--batch", type=int, default=1)
     g.add_argument("--rounds", type=int, default=5)
     s = sub.add_parser("steady")
-    s.add_argument("--cases", default=",".join(CASES))
+    s.add_argument("--cases", default="gpt2-tiny,gpt2,bert,llama")
     s.add_argument("--rounds", type=int, default=20)
+    s.add_argument("--device", default="cpu", help="cuda: the models on the GPU (Triton kernels)")
     args = parser.parse_args()
-    if os.environ.get("OMP_NUM_THREADS") != "1":
+    if getattr(args, "device", "cpu") == "cpu" and os.environ.get("OMP_NUM_THREADS") != "1":
         print("note: set OMP_NUM_THREADS=1, or kernels' worker threads are not counted")
     torch.set_num_threads(1)
     run_generate(args) if args.command == "generate" else run_steady(args)

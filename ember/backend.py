@@ -43,7 +43,7 @@ class GeneratedKernels:
 
     binaries: dict = field(default_factory=dict)  # step index -> wrapper.python.KernelBinary
     kernels: int = 0
-    reduce_loops: int = 0  # reduce loops the programs open (C++; ember.metrics.reduce_loops)
+    reduce_loops: int = 0  # reduce loops the programs open (ember.metrics.reduce_loops)
     tiled_kernels: int = 0  # kernels with 2-D tiles (C++; ember.metrics.tiled_kernels)
 
 

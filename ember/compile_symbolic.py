@@ -4,8 +4,8 @@ Takes the aten graph torch.compile gives with SymInt sizes and its example input
 callable that serves every shape the graph's guards admit. The graph goes through
 `compile_graph` like any other, with the sizes left symbolic, while the shape environment
 refuses new guards: any stage that needs a concrete size raises there. A graph that cannot be
-compiled so (a stage or an op that needs a concrete size, the Triton backend, a data-dependent
-size) is compiled per concrete shape instead (shape_specialization.py); the reason is counted in
+compiled so (a stage or an op that needs a concrete size, CUDA graphs, a data-dependent size)
+is compiled per concrete shape instead (shape_specialization.py); the reason is counted in
 `metrics.symbolic_fallbacks`, logged, and under EMBER_DEBUG written to symbolic_fallbacks.txt.
 """
 
@@ -82,10 +82,8 @@ def record_fallback(reason: str, role: str, config: Config) -> None:
 def _refusal(example_inputs: list[Any], config: Config) -> str | None:
     if not config.symbolic_shapes:
         return "symbolic_shapes is off"
-    if config.backend == "triton" or any(
-        isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in example_inputs
-    ):
-        return "Triton kernels take static sizes"
+    if config.cuda_graphs and any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs):
+        return "CUDA graphs replay static sizes"
     if _shape_env(example_inputs) is None:
         return "no shape environment"
     if config.verify:

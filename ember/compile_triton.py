@@ -19,6 +19,7 @@ from ember.codegen.blocks import BlockLimits, BlockPlan, plan_blocks
 from ember.codegen.kernel import build_kernel_ast
 from ember.codegen.linearize import linearize
 from ember.codegen.phases import block_lowering, block_rewrite, number_ranges
+from ember.codegen.shared_loops import reduce_loop_count
 from ember.config import Config
 from ember.debug.log import DebugDump
 from ember.errors import EmberError, stage
@@ -67,7 +68,7 @@ class TritonBackend:
             binaries = compile_triton_kernels(rendered, config, self.interpret)
         for kernel, _ in rendered.values():
             debug.write(f"kernels/{kernel.name}.{self.source_suffix}", kernel.source)
-        return GeneratedKernels(binaries, len(rendered))
+        return GeneratedKernels(binaries, len(rendered), sum(kernel.reduce_loops for kernel, _ in rendered.values()))
 
 
 def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool = False,
@@ -86,6 +87,7 @@ def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool 
             plan = plan_blocks(sink, limits)
             programs = block_programs(sink, plan, check_ir)
             kernel = render_triton(f"triton_{sink.key[:16]}", programs, plan, ast.outputs, scalars)
+            kernel.reduce_loops = reduce_loop_count(programs["looped"]) if "looped" in programs else 0
             if generated is not None:
                 generated[key] = kernel
         return kernel, ast.arguments(kernel.params)
@@ -110,6 +112,13 @@ def compile_triton_kernels(rendered: dict[int, tuple[RenderedKernel, tuple[str, 
         metrics.add(code_cache_hits=cached, code_cache_misses=not cached)
         errors = tuple((e.error, e.message) for e in kernel.errors)
         written = [j for j, (_, _, w) in enumerate(kernel.params) if w]
-        launch = {**kernel.launch, "written": written, "interpret": interpret, "autotune": config.autotune}
-        binaries[i] = KernelBinary(kernel.name, path, kernel.name, params, errors, triton=launch, sha256=sha256)
+        launch = {
+            **kernel.launch,
+            "written": written,
+            "interpret": interpret,
+            "autotune": config.autotune,
+            "tuned": config.tuning_candidates,
+        }
+        binaries[i] = KernelBinary(kernel.name, path, kernel.name, params, errors, triton=launch, sha256=sha256,
+                                   variables=kernel.variables)  # fmt: skip
     return binaries

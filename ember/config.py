@@ -74,6 +74,9 @@ class Config:
                               "replay each CUDA graph's launches from a recorded CUDA graph (Note: CUDA graphs, "
                               "runtime/cuda_graphs.py); also torch.compile(mode=\"reduce-overhead\")")  # fmt: skip
     autotune: bool = _flag(True, "EMBER_AUTOTUNE", True, "time a few launch configurations per Triton kernel")
+    tuning_candidates: int = _flag(8, "EMBER_TUNING_CANDIDATES", True,
+                                   "the most launch configurations a Triton kernel's first call compiles and times "
+                                   "(the best guesses first; fewer: a faster cold compile)", minimum=1)  # fmt: skip
     split_reductions: int = _flag(32768, "EMBER_SPLIT_REDUCTIONS", True,
                                   "Triton: reductions at least this long with few outputs are split over many "
                                   "programs (Note: split reductions); 0 never splits", minimum=0)  # fmt: skip

@@ -28,7 +28,9 @@ class Metrics:
     tiled_kernels: int = 0  # C++ kernels whose loops are 2-D tiles for transposed access (codegen/tiling.py)
     fusions: int = 0  # pairs of groups merged by the scheduler
     fusion_refusals: int = 0
-    reduce_loops: int = 0  # loops C++ kernels walk to reduce (Note: shared reduce loops, codegen/shared_loops.py)
+    # loops kernels walk to reduce: C++ kernels, and Triton kernels' looped variants (Note: shared reduce loops,
+    # codegen/shared_loops.py; Note: independent reductions share a looped phase, codegen/block_lowering.py)
+    reduce_loops: int = 0
     extern_calls: int = 0  # all aten calls in wrappers (fallbacks included)
     fallback_calls: int = 0  # aten calls for ops ember has no lowering for
     fallback_ops: Counter = field(default_factory=Counter)
@@ -67,6 +69,8 @@ class Metrics:
     # Triton on the GPU (Note: the compile pool, runtime/triton_pool.py; Note: bounded tuning, runtime/triton.py)
     triton_configs_precompiled: int = 0  # launch configurations handed to the compile pool when a wrapper loads
     triton_compiles_in_process: int = 0  # compiles the pool was not asked for (unaligned pointers, no signature)
+    # interpreter launches of a symbolic kernel past its size cap, with 64-bit index math (Note: symbolic blocks)
+    triton_wide_index_launches: int = 0
     triton_kernels_tuned: int = 0  # kernels whose candidate configurations were timed at their first call
     triton_configs_timed: int = 0  # candidate configurations those timings ran
 

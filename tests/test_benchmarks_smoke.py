@@ -34,7 +34,9 @@ def test_harness_produces_correct_rows(tmp_path):
         assert row["ms"]["eager"] > 0 and row["ms"]["ember"] > 0
         assert row["samples"] == 2
         assert row["compile_s"]["ember"] > 0
-        assert row["ember_metrics"]["kernels_generated"] > 0
+        assert row["ember_metrics"]["graphs_compiled"] > 0
+        # attention is all extern calls (its linears, and flash attention: passes/attention.py)
+        assert row["ember_metrics"]["kernels_generated"] > 0 or name == "attention"
         if not source_changed:
             assert row["warm_compile_s"] > 0
             assert row["ember_metrics"]["warm_code_cache_misses"] == 0, (

@@ -446,3 +446,50 @@ def test_training_step_with_embedding():
 def test_gradient_of_advanced_indexing_and_index_select():
     check_gradients(lambda x, i: x[i] + x[:, i % 5].t(), data((5, 5)), indices([3, 0, 3, -1, 0]))
     check_gradients(lambda x, i: x.index_select(0, i).sin(), data((5, 3)), indices([4, 4, 0]))
+
+
+# ---- a scatter of one element per row is a select (Note in lower/scatter.py) ------------------
+
+
+def one_per_row(rows: int, size: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, size, (rows, 1), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("dtype", [f32, i64, b8], ids=dtype_id)
+def test_scatter_of_one_element_per_row_fuses_as_a_select(dtype):
+    """index (rows, 1) along dim 1, (1, cols) along dim 0, int32 or int64, x transposed, src
+    larger than index, a value: one kernel with its reader, nothing stored at computed positions."""
+    x, src = transposed((6, 9), dtype), data((6, 9), dtype, 1)
+    along_rows, along_cols = one_per_row(6, 9), one_per_row(9, 6, 1).t()
+    value = True if dtype is b8 else 3
+    ops = {
+        "dim1_src": lambda x, r, c, s: x.scatter(1, r, s),
+        "dim1_value": lambda x, r, c, s: x.scatter(-1, r.to(i32), value),
+        "dim0_src": lambda x, r, c, s: x.scatter(0, c, s),
+    }
+    check_lowered(ops, x, along_rows, along_cols, src)
+    assert ember.metrics.kernels_generated == 1
+
+
+def test_scatter_of_one_element_per_row_keeps_nan_and_raises_out_of_range():
+    x = data((4, 5))
+    x[1, 2], x[2, 0] = float("nan"), float("inf")
+    check_lowered({"scatter": lambda x, i: x.scatter(1, i, float("nan")) * 2}, x, indices([[0], [2], [4], [1]]))
+    for bad in (5, -1):
+        with pytest.raises(RuntimeError):
+            compile_fn(lambda x, i: x.scatter(1, i, 1.0) + 1)(x, indices([[0], [bad], [1], [1]]))
+    assert ember.metrics.fallback_calls == 0
+
+
+def test_cross_entropy_backward_matches_float64_eager():
+    """nll_loss's gradient (-grad scattered into zeros at each row's target, ignore_index rows
+    left zero) takes the select form inside the backward graph, fused into the softmax gradient."""
+    target = torch.randint(0, 50, (16,), generator=torch.Generator().manual_seed(4))
+    target[3] = -100  # ignore_index
+    grads = []
+    for dtype, fn in ((f64, F.cross_entropy), (f32, compile_fn(F.cross_entropy))):
+        logits = data((16, 50)).to(dtype).requires_grad_()
+        fn(to_test_device(logits), to_test_device(target)).backward()
+        grads.append(logits.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0].float(), rtol=1.3e-5, atol=1e-6)
+    assert ember.metrics.fallback_calls == 0 and ember.metrics.graphs_compiled == 2

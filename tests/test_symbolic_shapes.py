@@ -13,7 +13,7 @@ from ember.uop.ops import Ops, RangeKind, UOp, substitute
 from ember.uop.symbolic import simplify
 from ember.uop.variables import variable
 
-# every test here compiles for the CPU's C++ kernels: Triton kernels take static sizes (a refusal tested below)
+# every test here compiles for the CPU's C++ kernels; the Triton path's are in tests/test_symbolic_triton.py
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
@@ -287,15 +287,14 @@ def test_gpt2_training_never_specializes():
     assert ember.metrics.shape_specializations == 0 and ember.metrics.symbolic_graphs >= 2  # forwards and backwards
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton on CPU tensors: the interpreter")
 def test_a_refused_graph_is_compiled_per_shape_with_its_reason(monkeypatch):
-    monkeypatch.setenv("EMBER_BACKEND", "triton")
+    monkeypatch.setenv("EMBER_VERIFY", "1")  # it compares static layouts: a refusal
     compiled = torch.compile(lambda x: torch.sin(x) * 2 + 1, backend="ember", dynamic=True)
     for n in (3, 5):
         x = torch.randn(n)
         torch.testing.assert_close(compiled(x), torch.sin(x) * 2 + 1)
     assert ember.metrics.symbolic_graphs == 0
-    assert ember.metrics.symbolic_fallbacks["Triton kernels take static sizes"] == 1
+    assert ember.metrics.symbolic_fallbacks["verify compares static layouts"] == 1
     assert ember.metrics.shape_specializations == 2
 
 
@@ -392,7 +391,6 @@ NEW_PROCESS = (
 
 
 def test_a_new_process_with_a_new_shape_loads_the_graph(tmp_path):
-    import os
     import subprocess
     import sys
 
@@ -447,15 +445,14 @@ def test_a_slice_from_the_end_of_a_symbolic_size():
     assert_compiled_once()
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton on CPU tensors: the interpreter")
 def test_the_reason_is_in_the_debug_folder(tmp_path, monkeypatch):
-    monkeypatch.setenv("EMBER_BACKEND", "triton")
+    monkeypatch.setenv("EMBER_VERIFY", "1")
     monkeypatch.setenv("EMBER_DEBUG", "1")
     monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path))
     compiled = torch.compile(lambda x: x.cos() + 1, backend="ember", dynamic=True)
     x = torch.randn(5)
     torch.testing.assert_close(compiled(x), x.cos() + 1)
-    assert "Triton kernels take static sizes" in (tmp_path / "symbolic_fallbacks.txt").read_text()
+    assert "verify compares static layouts" in (tmp_path / "symbolic_fallbacks.txt").read_text()
 
 
 def test_a_new_guard_raises_while_refused(guard_refusal):
@@ -472,3 +469,22 @@ def test_a_new_guard_raises_while_refused(guard_refusal):
         bool(n > 5)
     assert bool(n > 5)  # afterwards the environment guards again
     assert not shape_env.frozen
+
+
+def test_the_size_cap_of_32_bit_indexes_is_the_largest_that_fits():
+    """A Triton kernel indexes in int32 while every size is at most its cap (Note: symbolic blocks,
+    ember/codegen/blocks.py): with s0 * s1 * 1000 an index, the cap is the largest power of two C
+    with C * C * 1000 within int32 (less the blocks' padding)."""
+    from ember.codegen.blocks import BlockLimits, KernelShape, narrow_size_cap
+
+    s0, s1 = variable("s0", 2, 2**62), variable("s1", 2, 2**62)
+    index = s0 * s1 * 1000
+    sink = UOp(Ops.SINK, dtypes.void, (index,))
+    cap = narrow_size_cap(sink, KernelShape((), (), (), s0 * s1, 0), BlockLimits())
+    limit = 2**31 - 1 - 2 * BlockLimits().persistent_row
+    assert cap * cap * 1000 <= limit < (2 * cap) * (2 * cap) * 1000
+    bounded = substitute(index, {s0: variable("s0", 2, cap), s1: variable("s1", 2, cap)})
+    assert bounded.vmax <= limit
+    # a size that no cap bounds (an index past int32 at the smallest sizes): none
+    huge = UOp(Ops.SINK, dtypes.void, (s0 * (2**31),))
+    assert narrow_size_cap(huge, KernelShape((), (), (), s0, 0), BlockLimits()) == 0

@@ -183,6 +183,7 @@ def stand_in_launcher(monkeypatch):
     module = type("StandInModule", (), {"k_pointwise": object(), "_sha256": "0" * 64})
     monkeypatch.setattr(triton_runtime, "torch_cuda_current_device", lambda: 0)
     monkeypatch.setattr(triton_runtime, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(triton_runtime, "stream_getter", lambda: lambda device: 0)
     monkeypatch.setattr(triton_runtime, "device_facts", lambda device: (("cuda", 90, 32), "stand-in GPU"))
     monkeypatch.setattr(triton_runtime, "compile_kernel",
                         lambda fn, request: StandInKernel(dict(request.constexprs), runs))  # fmt: skip

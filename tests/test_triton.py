@@ -369,3 +369,32 @@ def test_special_functions_in_float64_and_their_gradients():
     (want,) = torch.autograd.grad((torch.lgamma(exact) + torch.digamma(exact)).sum(), exact)
     torch.testing.assert_close(grad, want, rtol=1e-11, atol=1e-11)
     assert ember.metrics.fallback_calls == 0
+
+
+def test_independent_reductions_share_a_looped_phase():
+    """A column sum next to a weighted one, and layer norm's backward (sums of dy and dy * xhat
+    over one row): the looped variant walks each row once for both (Note: independent reductions
+    share a looped phase); a variance, which reads its mean, still walks the row twice."""
+    x, w = torch.randn(64, 48), torch.randn(64, 48)
+    check_lowered({"weighted": lambda x, w: (x * w).sum(0), "plain": lambda x, w: x.sum(0)}, x, w)
+    assert ember.metrics.reduce_loops == 1
+    ember.metrics.reset()
+    check_lowered({"var": lambda x, w: x.var(1)}, x, w)
+    assert ember.metrics.reduce_loops == 2
+
+
+def test_tuning_candidates_bound_what_a_first_call_compiles(monkeypatch):
+    """EMBER_TUNING_CANDIDATES: the first call compiles and times at most that many
+    configurations, the best guesses first (what the compile pool precompiles too)."""
+    module = type("StandInModule", (), {"_sha256": "0" * 64})
+    monkeypatch.setattr(triton_runtime.TritonLauncher, "recorded_winner", lambda self, device: None)
+
+    def plan(tuned: int, variants: list[str]) -> list:
+        launcher = triton_runtime.TritonLauncher(module, "k", variants, 1 << 16, 8192, [0], interpret=False,
+                                                 tuned=tuned)  # fmt: skip
+        return launcher.tuning_plan("stand-in GPU")
+
+    for variants in (["pointwise"], ["persistent", "looped"]):
+        every = triton_runtime.candidates(variants, 1 << 16, 8192, False)
+        assert len(every) > 2 and plan(8, variants) == every[:8]
+        assert plan(2, variants) == every[:2] and plan(1, variants) == every[:1]

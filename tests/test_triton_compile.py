@@ -103,6 +103,32 @@ def test_a_graph_compiles_ahead_and_the_first_call_finds_every_kernel_in_the_cac
     assert report["workers"] == 2
 
 
+def test_symbolic_kernels_compile_for_the_gpu_with_sizes_as_arguments(tmp_path):
+    """A graph with dynamic shapes on the GPU path (Note: symbolic blocks, ember/codegen/blocks.py):
+    compiled once, its kernels' configurations compiled for sm_90 by the pool with the size
+    arguments as int64 (never specialized: the requests hold no sizes), each a hit when the first
+    call compiles it; the 64-bit-index twins that calls past a size cap take compile too."""
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    environment |= {
+        "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+        "EMBER_CACHE_DIR": str(tmp_path / "ember"),
+        "EMBER_COMPILE_THREADS": "2",
+        "EMBER_AUTOTUNE": "1",
+    }  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "tests.triton_compile_harness", "symbolic"], cwd=ROOT,
+                          env=environment, capture_output=True, text=True, timeout=900)  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("harness: ")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(lines[0].removeprefix("harness: "))
+    assert report["symbolic_graphs"] == 1 and report["kernels"] >= 3
+    assert report["symbolic_grid_kernels"] >= 3 and report["by_value_kernels"] >= 3
+    # the twins with 64-bit indexes compile too (the cross-entropy's kernel gathers at a loaded
+    # position, unbounded: it indexes in int64 at every size and has no twin)
+    assert report["wide_compiled"] >= 2
+    assert report["failures"] == [] and report["requests"] == report["precompiled"]
+    assert report["hits"] == report["requests"] and report["misses"] == 0 and report["in_process"] == 0
+
+
 def test_the_pool_compiles_in_parallel_workers_into_the_given_triton_cache(modules, pool, tmp_path):
     cache = tmp_path / "triton"
     futures = [pool.submit(request_for(modules["kernels"], "good_pointwise", x, cache))[0] for x in (128, 256, 512)]

@@ -3,13 +3,15 @@ without TRITON_INTERPRET (a launcher's own compile needs Triton's real jit funct
 machine that may have no GPU: one graph compiled for the Triton backend on the GPU path, its
 kernels' configurations compiled by the compile pool for the CUDA target sm_90, then compiled
 again here as the first call would, counting Triton's cache hits. Nothing is launched. Prints
-one JSON line of counts.
+one JSON line of counts. With the argument `symbolic`, the graph is one with dynamic shapes,
+compiled once with sizes as kernel arguments (Note: symbolic blocks, ember/codegen/blocks.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -51,6 +53,36 @@ def compile_for_cuda(cache: Path) -> list:
     return launchers
 
 
+def symbolic_program(x, y):
+    """Pointwise, a looped row reduction over a symbolic length, a scan and a nested reduction."""
+    z = torch.softmax(x * 2 + y, dim=-1)
+    return z.sum(0), x.cumsum(1), torch.nn.functional.cross_entropy(x, y.argmax(-1))
+
+
+def compile_symbolic_for_cuda(cache: Path) -> list:
+    """`symbolic_program` compiled once with dynamic=True by the GPU path (Note: symbolic blocks,
+    ember/codegen/blocks.py), as `compile_for_cuda` does; the calls launch nothing."""
+    from ember import compile_graph as graph_module
+    from ember.compile_triton import TritonBackend
+    from ember.runtime import triton as triton_runtime
+    from ember.wrapper import runtime as wrapper_runtime
+
+    triton_runtime.device_facts = lambda device: (TARGET, "stand-in sm_90")
+    triton_runtime.TritonLauncher.__call__ = lambda self, *args: None  # nothing launched (no GPU)
+    graph_module.backend_for = lambda device, config: TritonBackend(interpret=False)
+    launchers, load_kernel = [], wrapper_runtime.load_triton_kernel
+
+    def load_for_cuda(root, relative, sha256, name, device=None, **launch):
+        launchers.append(load_kernel(root, relative, sha256, name, torch.device("cuda", 0), **launch))
+        return launchers[-1]
+
+    wrapper_runtime.load_triton_kernel = load_for_cuda
+    compiled = torch.compile(symbolic_program, backend="ember", dynamic=True)
+    for n, m in ((5, 40), (9, 300)):
+        compiled(torch.randn(n, m), torch.randn(n, m))
+    return launchers
+
+
 def entries(folder: Path) -> set[str]:
     return {p.name for p in folder.iterdir()} if folder.exists() else set()
 
@@ -62,7 +94,9 @@ def main() -> None:
     from ember.runtime.triton_compile import compile_kernel
     from ember.runtime.triton_pool import compile_pool
 
-    launchers = compile_for_cuda(Path(os.environ["EMBER_CACHE_DIR"]))
+    symbolic = sys.argv[1:] == ["symbolic"]
+    make = compile_symbolic_for_cuda if symbolic else compile_for_cuda
+    launchers = make(Path(os.environ["EMBER_CACHE_DIR"]))
     pool = compile_pool()
     requests, failures = [], []
     for launcher in launchers:
@@ -85,6 +119,14 @@ def main() -> None:
     unaligned = launcher.request(launcher.tuning_plan("stand-in sm_90")[0], launcher.signature,
                                  (False,) * len(launcher.signature), TARGET)  # fmt: skip
     compile_kernel(getattr(launcher.module, unaligned.function), unaligned)
+    wide = 0  # a symbolic kernel's 64-bit-index twin, which calls past its size cap compile in the process
+    for launcher in launchers if symbolic else []:
+        if launcher.size_cap:
+            config = launcher.tuning_plan("stand-in sm_90")[0]
+            every_aligned = (True,) * len(launcher.signature)
+            request = launcher.request(config, launcher.signature, every_aligned, TARGET, wide=True)
+            compile_kernel(getattr(launcher.module, request.function), request)
+            wide += 1
     report = {
         "kernels": len(launchers),
         "plans": sorted(len(launcher.tuning_plan("stand-in sm_90")) for launcher in launchers),
@@ -99,6 +141,9 @@ def main() -> None:
         "workers": len(pool.worker_pids()),
         "error_flag_kernels": sum(1 for launcher in launchers if launcher.signature[-1] == "*i64"),
         "by_value_kernels": sum(1 for launcher in launchers if "i64" in launcher.signature),
+        "symbolic_graphs": ember.metrics.symbolic_graphs,
+        "symbolic_grid_kernels": sum(1 for launcher in launchers if launcher.symbolic_grid is not None),
+        "wide_compiled": wide,
     }
     print("harness: " + json.dumps(report), flush=True)
 

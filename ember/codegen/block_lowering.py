@@ -15,6 +15,11 @@ Note: block lowering
       active, else the combine's identity. Looped: the position is a RANGE over RBLOCK chunks
       (`RangeArg.block` R) plus ARANGE(R), and the REDUCE is an [XBLOCK, RBLOCK] accumulator
       (AccBlock.TILE) updated in that loop and folded by a BLOCK_REDUCE after it.
+    - Note: independent reductions share a looped phase. Blocked REDUCEs over as many elements,
+      in one enclosing phase, none reading another (layer norm's backward: the sums of dy and of
+      dy * xhat over one row; a column sum next to a weighted one), walk one loop: each keeps
+      its accumulator, and loads of the same element in them are one UOp, so the looped variant
+      reads each input once, as the persistent one does.
     - A sequential REDUCE (Note: nested reductions, codegen/blocks.py) is a RANGE over its
       elements, one at a time, with an [XBLOCK, 1] accumulator (AccBlock.ROWS); a chunked one
       walks XBLOCK of them at a time on the x lanes (a RANGE stepping by XBLOCK plus ARANGE(X),
@@ -85,15 +90,17 @@ def lower_blocks(sink: UOp, plan: BlockPlan, variant: str) -> UOp:
     return _BlockLowering(sink, plan, variant).run()
 
 
-def _index(value: int) -> UOp:
-    return UOp.const(dtypes.index, value)
+def _index(value: int | UOp) -> UOp:
+    """An extent as an index UOp: a constant, or already an expression of size variables
+    (Note: symbolic blocks, codegen/blocks.py)."""
+    return value if isinstance(value, UOp) else UOp.const(dtypes.index, value)
 
 
 def decompose(position: UOp, ranges: tuple[UOp, ...], r: UOp) -> UOp:
     """Range `r`'s value at the flattened `position` over `ranges` (last fastest)."""
     i = ranges.index(r)
     stride = elements(ranges[i + 1 :])
-    value = position if stride == 1 else position.alu(Ops.IDIV, _index(stride))
+    value = position if isinstance(stride, int) and stride == 1 else position.alu(Ops.IDIV, _index(stride))
     return value if i == 0 else value.alu(Ops.MOD, r.src[0])
 
 
@@ -135,9 +142,25 @@ class _BlockLowering:
         if red in self.shape.sequential:
             phase = self.sequential_phase(ranges, parent, chunked=red in self.shape.chunked)
         else:
-            phase = self.make_phase(ranges, parent, RangeKind.REDUCE)
+            phase = self.shared_phase(red, parent) or self.make_phase(ranges, parent, RangeKind.REDUCE)
         self.phases[red] = phase
         return phase
+
+    def shared_phase(self, red: UOp, parent: Phase | None) -> Phase | None:
+        """Looped: the loop of an earlier blocked REDUCE over as many elements, in the same
+        enclosing phase, that `red` does not read (Note: independent reductions share a looped
+        phase), walked at the same positions; None: a loop of its own."""
+        if self.persistent:
+            return None  # persistent phases share one position already
+        numel, reads = elements(red.src[1:]), None
+        for other, phase in self.phases.items():
+            if phase.sequential or phase.parent is not parent or elements(phase.ranges) != numel:
+                continue
+            reads = reads if reads is not None else set(red.src[0].toposort)
+            if other in reads:
+                continue
+            return self.keep(Phase(red.src[1:], phase.position, phase.mask, parent, phase.loop))
+        return None
 
     def make_phase(self, ranges: tuple[UOp, ...], parent: Phase | None, kind: RangeKind) -> Phase:
         """A phase on the r axis: persistent (the row in one block) or looped (RBLOCK chunks)."""
@@ -159,7 +182,7 @@ class _BlockLowering:
         position = loop.alu(Ops.ADD, UOp(Ops.ARANGE, dtypes.index, (), BlockArg(BlockAxis.X)))
         return self.keep(Phase(ranges, position, position.lt(_index(numel)), parent, loop, True, sequential=True))
 
-    def loop(self, numel: int, kind: RangeKind, block: BlockAxis | None) -> UOp:
+    def loop(self, numel: int | UOp, kind: RangeKind, block: BlockAxis | None) -> UOp:
         return UOp(Ops.RANGE, dtypes.index, (_index(numel),), RangeArg(kind, next(self.loop_orders), block=block))
 
     def keep(self, phase: Phase) -> Phase:

@@ -36,10 +36,31 @@ Note: nested reductions
     REDUCE that varies with other loops walks one element (a scalar) per iteration. Phases
     form a chain: a value is computed in the innermost phase whose ranges it varies with, so
     per-row values are computed once per row, row-invariant ones once.
+
+Note: symbolic blocks
+    In a graph with symbolic sizes (Note: symbolic sizes, uop/variables.py) a loop's size is an
+    expression of size variables, so are the x extent, a phase's extent and the decomposition
+    strides; block lowering uses them as UOps where it used constants, and every lane is masked
+    by them as it is by a static extent. The kernel takes each variable it reads as an int64
+    argument after its buffers, never specialized (renderer/triton_module.py), so one compiled
+    kernel serves every shape. The launcher sizes blocks by each extent's upper bound (blocks
+    are never larger than a static kernel's for a large size) and computes the grid at every
+    call from the x extent's Python source over the variables (`BlockPlan.launch`); its launch
+    configuration is chosen once, by timing at the first call's sizes (Note: bounded tuning,
+    runtime/triton.py), and serves every shape after (no retuning per shape). A symbolic
+    row is persistent only where its bound fits one block; otherwise only the looped variant
+    exists. Index math is 32-bit where the variables' bounds keep every value within int32
+    (`index_bits`); dynamo's sizes are unbounded, so for their kernels codegen finds the largest
+    power of two C (`narrow_size_cap`) such that every index fits while each size is at most C,
+    and the module has each variant twice: with 32-bit index math (sizes cast to int32 on
+    entry) and with 64-bit (`<variant>_wide`). The launcher checks each call's sizes against C
+    and takes the wide kernel past it (compiled at its first need; the pool compiles the narrow
+    ones). Split reductions take static sizes only (lower/split_reductions.py).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -62,16 +83,16 @@ class KernelShape:
     outer: tuple[UOp, ...]  # loop ranges flattened onto x, outermost first
     inner: tuple[UOp, ...]  # loop ranges of the final phase (empty for pointwise kernels)
     reduces: tuple[UOp, ...]  # REDUCEs, sources before users
-    xnumel: int
-    rnumel: int  # the largest block phase's extent (0 for pointwise kernels)
+    xnumel: int | UOp  # a UOp of size variables where symbolic (Note: symbolic blocks)
+    rnumel: int | UOp  # the largest block phase's extent (0 for pointwise kernels)
     scans: tuple[UOp, ...] = ()  # SCANs, over the one inner range (Note: scans on blocks, triton_scan.py)
     sequential: frozenset[UOp] = frozenset()  # REDUCEs walked in a loop (Note: nested reductions)
     chunked: frozenset[UOp] = frozenset()  # sequential REDUCEs walked XBLOCK elements at a time
 
     @property
-    def xextent(self) -> int:
+    def xextent(self) -> int | UOp:
         """The extent an x block covers: the x axis, or the elements a chunked loop walks."""
-        return max([self.xnumel] + [elements(red.src[1:]) for red in self.chunked])
+        return largest([self.xnumel] + [elements(red.src[1:]) for red in self.chunked])
 
     @property
     def pointwise(self) -> bool:
@@ -85,13 +106,23 @@ class BlockPlan:
     shape: KernelShape
     variants: tuple[str, ...]  # "pointwise", or "persistent" (a row in one block) and/or "looped"
     index_bits: int  # 32 or 64: the integer width of index math
+    size_cap: int = 0  # 32-bit index math only while every size variable is at most this (Note: symbolic blocks)
 
     @property
     def launch(self) -> dict:
-        """The facts the launcher (runtime/triton.py) sizes blocks and the grid by."""
-        facts = {"variants": list(self.variants), "xnumel": self.shape.xnumel, "rnumel": self.shape.rnumel}
-        if self.shape.xextent > self.shape.xnumel:  # Note: nested reductions
-            facts["xextent"] = self.shape.xextent
+        """The facts the launcher (runtime/triton.py) sizes blocks and the grid by: each extent at
+        its upper bound, and where the x extent is symbolic, its Python source over the size
+        variables, from which the launcher computes each call's grid (Note: symbolic blocks)."""
+        xnumel, xextent = self.shape.xnumel, self.shape.xextent
+        facts = {"variants": list(self.variants), "xnumel": bound(xnumel), "rnumel": bound(self.shape.rnumel)}
+        if xextent is not xnumel and bound(xextent) > bound(xnumel):  # Note: nested reductions
+            facts["xextent"] = bound(xextent)
+        if isinstance(xnumel, UOp):
+            from ember.uop.variables import python_source
+
+            facts["grid_numel"] = python_source(xnumel)
+        if self.size_cap:
+            facts["size_cap"] = self.size_cap
         return facts
 
 
@@ -100,10 +131,12 @@ def plan_blocks(sink: UOp, limits: BlockLimits) -> BlockPlan:
     shape = scan_kernel_shape(sink) if scan else kernel_shape(sink)
     if shape.pointwise:
         variants: tuple[str, ...] = ("pointwise",)
-    else:
+    else:  # a symbolic row is persistent only where its bound fits a block (Note: symbolic blocks)
         longest = limits.persistent_scan_row if scan else limits.persistent_row
-        variants = (("persistent",) if shape.rnumel <= longest else ()) + ("looped",)
-    return BlockPlan(shape, variants, index_bits(sink, shape, limits))
+        variants = (("persistent",) if bound(shape.rnumel) <= longest else ()) + ("looped",)
+    bits = index_bits(sink, shape, limits)
+    cap = narrow_size_cap(sink, shape, limits) if bits == 64 else 0
+    return BlockPlan(shape, variants, 32 if cap else bits, cap)
 
 
 def kernel_shape(sink: UOp) -> KernelShape:
@@ -120,7 +153,7 @@ def kernel_shape(sink: UOp) -> KernelShape:
     extents = blocked + ([elements(inner)] if inner else [])
     # a sequential REDUCE that varies with nothing (a loss) uses the x lanes for its own elements
     chunked = frozenset(red for red in sequential if not red.ranges)
-    return KernelShape(outer, inner, reduces, elements(outer), max(extents, default=1), sequential=sequential,
+    return KernelShape(outer, inner, reduces, elements(outer), largest(extents or [1]), sequential=sequential,
                        chunked=chunked)  # fmt: skip
 
 
@@ -137,19 +170,72 @@ def scan_kernel_shape(sink: UOp) -> KernelShape:
     if any(r.arg.reduce and r is not scan_range for r in ranges):
         raise NotImplementedError("Triton renderer: a reduce range besides the scanned one in a scan kernel")
     loops = tuple(sorted((r for r in ranges if not r.arg.reduce), key=lambda r: r.arg.nesting))
-    return KernelShape(loops, (scan_range,), (), elements(loops), scan_range.src[0].arg, scans)
+    return KernelShape(loops, (scan_range,), (), elements(loops), elements((scan_range,)), scans)
 
 
-def elements(ranges) -> int:
-    """How many positions `ranges` walk together."""
-    return math.prod(r.src[0].arg for r in ranges)
+def elements(ranges) -> int | UOp:
+    """How many positions `ranges` walk together: an int, or a UOp of size variables where a
+    range's size is symbolic (Note: symbolic blocks)."""
+    sizes = [r.src[0] for r in ranges]
+    if all(s.op is Ops.CONST for s in sizes):
+        return math.prod(s.arg for s in sizes)
+    from ember.uop.symbolic import simplify
+
+    return simplify(functools.reduce(lambda a, b: a * b, sizes))
+
+
+def largest(extents: list[int | UOp]) -> int | UOp:
+    """The largest of `extents`: an int when all are, else their MAX as a size expression."""
+    if all(isinstance(e, int) for e in extents):
+        return max(extents)  # type: ignore[type-var]
+    from ember.uop.symbolic import simplify
+
+    as_uops = [e if isinstance(e, UOp) else UOp.const(dtypes.index, e) for e in extents]
+    return simplify(functools.reduce(lambda a, b: a.alu(Ops.MAX, b), as_uops))
+
+
+def bound(extent: int | UOp) -> int:
+    """An extent's value, or a symbolic one's upper bound (what the launcher sizes blocks by)."""
+    return extent if isinstance(extent, int) else int(extent.vmax)
 
 
 def index_bits(sink: UOp, shape: KernelShape, limits: BlockLimits) -> int:
     """32-bit index math when every index value and the padded block positions fit."""
+    return 32 if index_fits(sink, (shape.xnumel, shape.rnumel), limits) else 64
+
+
+def index_fits(sink: UOp, extents: tuple[int | UOp, ...], limits: BlockLimits) -> bool:
     limit = 2**31 - 1 - 2 * limits.persistent_row
-    fits = shape.xnumel * 2 < limit and shape.rnumel * 2 < limit
-    for u in sink.toposort:
-        if u.dtype is dtypes.index and u.op is not Ops.CAST and (u.vmin < -limit or u.vmax > limit):
-            fits = False
-    return 32 if fits else 64
+    if any(bound(extent) * 2 >= limit for extent in extents):
+        return False
+    return not any(u.dtype is dtypes.index and u.op is not Ops.CAST and (u.vmin < -limit or u.vmax > limit)
+                   for u in sink.toposort)  # fmt: skip
+
+
+def narrow_size_cap(sink: UOp, shape: KernelShape, limits: BlockLimits) -> int:
+    """The largest power of two C such that, with every size variable at most C, every index value
+    still fits int32 (0: none does, or the kernel has no size variable). Bounds are intervals, so
+    what holds with each variable anywhere in [its minimum, C] holds at any call whose sizes are
+    at most C: the launcher takes the kernel with 32-bit index math for those calls and one with
+    64-bit for the others (Note: symbolic blocks)."""
+    variables = {u for u in sink.toposort if u.op is Ops.DEFINE_VAR}
+    if not variables:
+        return 0
+    from ember.uop.ops import substitute
+    from ember.uop.variables import variable
+
+    extents = (shape.xnumel, shape.xextent, shape.rnumel)  # (block lowering's masks and loops compare with them)
+    root = UOp(Ops.SINK, dtypes.void, (sink, *(e for e in extents if isinstance(e, UOp))))
+
+    def fits(cap: int) -> bool:
+        capped = {v: variable(v.arg.name, v.arg.vmin, min(v.arg.vmax, cap)) for v in variables}
+        kernel, *capped_extents = substitute(root, capped).src
+        return index_fits(kernel, tuple(capped_extents), limits)
+
+    low, high = max(1, (max(v.arg.vmin for v in variables) - 1).bit_length()), 31  # exponents of caps
+    if low > high or not fits(2**low):
+        return 0
+    while low < high:  # the largest exponent that fits
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(2**middle) else (low, middle - 1)
+    return 2**low

@@ -8,6 +8,8 @@ buffer only when something needs memory (Note: when a value is realized):
     one), where realizing the view itself would copy it with a strided walk, and every other
     consumer reads the one buffer;
   - a value used by several nodes whose body is large, so inlining would repeat work;
+  - a value with a transcendental op that consumers read broadcast, each element of it
+    computed many times over (Note: values recomputed under a broadcast);
   - a body so large that inlining it again would blow up a kernel.
 """
 
@@ -217,7 +219,59 @@ def _maybe_realize(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue
     opcount = sum(1 for u in nodes if u.dtype.kind != "index")
     if opcount > MAX_INLINE_OPCOUNT or (len(node.users) > 1 and opcount > REUSE_OPCOUNT):
         return ctx.realized(value, node.name)
+    if _recomputed_under_broadcast(node, nodes):
+        return ctx.realized(value, node.name)
     return value
+
+
+# Note: values recomputed under a broadcast
+# An inlined value is computed once per iteration of each consumer's loops. Where a consumer
+# reads it broadcast, each of its elements is computed again for every element it is broadcast
+# to: LLaMA's rotary cos and sin ([B, S, D], computed once per forward in eager) inlined into the
+# query's and key's [B, H, S, D] kernels of every layer cost 2 * H * layers transcendentals per
+# element instead of 2. Realized, they are computed once and read. Only for bodies with a
+# transcendental (a broadcast affine parameter costs less to recompute than to load twice), and
+# only where consumers would compute it RECOMPUTED_TIMES over in all, one of them through a broadcast,
+# and RECOMPUTED_MIN elements again at least (a small value is cheaper to recompute than to launch for).
+TRANSCENDENTAL_OPS = {
+    Ops.EXP, Ops.EXP2, Ops.EXPM1, Ops.LOG, Ops.LOG2, Ops.LOG10, Ops.LOG1P, Ops.SIN, Ops.COS, Ops.TAN,
+    Ops.ASIN, Ops.ACOS, Ops.ATAN, Ops.SINH, Ops.COSH, Ops.TANH, Ops.ERF, Ops.POW,
+}  # fmt: skip
+RECOMPUTED_TIMES = 4
+RECOMPUTED_MIN = 1 << 15  # elements computed again: fewer cost less than a kernel call of their own
+
+
+def _recomputed_under_broadcast(node: torch.fx.Node, body: tuple) -> bool:
+    """Whether inlining `node`'s value (`body`: its UOps) would compute each element of it
+    RECOMPUTED_TIMES or more, some consumer reading it broadcast (Note: values recomputed under a broadcast)."""
+    if not any(u.op in TRANSCENDENTAL_OPS for u in body):
+        return False
+    elements = _static_numel(node.meta.get("val"))
+    readers = [_static_numel(user.meta.get("val")) for user in _readers_through_views(node)]
+    if not elements or not readers or any(r is None for r in readers):
+        return False
+    total = sum(readers)  # type: ignore[arg-type]
+    broadcast = max(readers) >= 2 * elements  # type: ignore[type-var, operator]
+    return broadcast and total >= RECOMPUTED_TIMES * elements and total - elements >= RECOMPUTED_MIN
+
+
+def _readers_through_views(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes that read `node` directly or through chains of views (the graph's output excluded)."""
+    readers = []
+    for user in node.users:
+        if user.op == "call_function" and user.target in VIEW_OPS:
+            readers += _readers_through_views(user)
+        elif user.op == "call_function":
+            readers.append(user)
+    return readers
+
+
+def _static_numel(meta: Any) -> int | None:
+    """The element count of a tensor's fake value when it is a plain number (not symbolic)."""
+    if not isinstance(meta, torch.Tensor):
+        return None
+    numel = meta.numel()
+    return numel if type(numel) is int else None
 
 
 def _channels_last_layout(meta: Any, value: TensorValue) -> Layout | None:

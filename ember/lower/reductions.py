@@ -18,7 +18,7 @@ from ember.lower.pointwise import out_meta
 from ember.lower.registry import Unsupported, register
 from ember.lower.values import TensorValue, axis, const_index
 from ember.uop.dtypes import DType, dtypes, from_torch
-from ember.uop.ops import Ops, UOp
+from ember.uop.ops import Ops, UOp, substitute
 
 aten = torch.ops.aten
 
@@ -56,9 +56,57 @@ def reduce(ctx: LoweringContext, x: TensorValue, dims: list[int], keepdim: bool,
             out_axis += 1
     element = x.reindex(tuple(out_shape), old_axes).body
     body = value(element, old_axes) if value is not None else element.cast(acc)
-    if ranges:
+    if ranges and _splits_into_parts(ctx, body, ranges, combine, out_shape):
+        body = split_sum(ctx, body, ranges)
+    elif ranges:
         body = UOp(Ops.REDUCE, body.dtype, (body, *ranges), combine)
     return TensorValue(tuple(out_shape), body.dtype, body)
+
+
+# Note: a long sum in parts
+# A float sum of a whole tensor into one value is one chain of additions: C++ kernels vectorize
+# it (`omp simd reduction`, one accumulator per vector lane) but every vector add waits for the
+# previous one (4 cycles on AVX-512), and with the conversion to double each element costs more
+# than reading it: x.sum() of 16M floats took 6.8 ms of one core's time where eager's took 3.0
+# (a busy 2-core machine). Summed as SUM_PARTS reductions over consecutive parts of the outermost
+# reduced dim, added at the end, the parts' accumulators share one loop (Note: shared reduce
+# loops, codegen/shared_loops.py) and their chains run side by side: 4.0 ms. The parts are still
+# summed in double, each in order, so the result moves by rounding of double partial sums only.
+# C++ kernels only (`ordered_reductions`): Triton splits such sums over programs (Note: split
+# reductions, lower/split_reductions.py).
+SUM_PARTS = 4
+SUM_PARTS_MIN = 1 << 15  # shorter sums: the chain's latency is a few microseconds at most
+
+
+def _splits_into_parts(ctx: LoweringContext, body: UOp, ranges: list[UOp], combine: Ops, out_shape: list) -> bool:
+    """Whether a REDUCE of `body` over `ranges` to `out_shape` is summed in parts (Note: a long sum in parts)."""
+    if not ctx.ordered_reductions or combine is not Ops.ADD or not body.dtype.is_float:
+        return False
+    extents = _static_extents(ranges)
+    if extents is None or any(not isinstance(n, int) or n != 1 for n in out_shape):
+        return False
+    return math.prod(extents) >= SUM_PARTS_MIN and extents[0] % SUM_PARTS == 0
+
+
+def _static_extents(ranges: list[UOp]) -> list[int] | None:
+    extents = [r.src[0].static_size for r in ranges]
+    return None if any(n is None for n in extents) else [n for n in extents if n is not None]
+
+
+def split_sum(ctx: LoweringContext, body: UOp, ranges: list[UOp]) -> UOp:
+    """The sum of `body` over `ranges` (static extents) as SUM_PARTS sums over consecutive parts of
+    ranges[0], added."""
+    extents = _static_extents(ranges)
+    assert extents is not None, "split_sum needs static extents (_splits_into_parts checks)"
+    part = extents[0] // SUM_PARTS
+    parts = []
+    for k in range(SUM_PARTS):
+        fresh = [ctx.reduce_range(part)] + [ctx.reduce_range(n) for n in extents[1:]]
+        mapping = {ranges[0]: fresh[0] + k * part, **dict(zip(ranges[1:], fresh[1:]))}
+        parts.append(UOp(Ops.REDUCE, body.dtype, (substitute(body, mapping), *fresh), Ops.ADD))
+    while len(parts) > 1:  # added pairwise
+        parts = [a + b for a, b in zip(parts[0::2], parts[1::2])] + parts[len(parts) - len(parts) % 2 :]
+    return parts[0]
 
 
 def refuse_empty_reduction(x: TensorValue, dims: list[int], op: str) -> None:

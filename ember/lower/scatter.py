@@ -156,10 +156,42 @@ def lower_scatter(ctx, node, x: TensorValue, dim: int, index: TensorValue, src, 
     combine = {None: None, "add": Ops.ADD, "multiply": Ops.MUL}.get(reduce, Ops.SINK)
     if combine is Ops.SINK:
         raise Unsupported(f"scatter with reduce={reduce!r}; aten reports it")
+    if combine is None and (chosen := scatter_as_select(x, dim, index, src, dtype)) is not None:
+        return chosen
     shape, linear, owners = scatter_positions(x, dim, index, "scatter")
     out = fresh_copy(ctx, node, x, dtype)
     store_at(ctx, node, out, shape, linear, source_value(src, shape, dtype), combine, owners)
     return load(out)
+
+
+# Note: a scatter of one element per row is a select
+#     scatter(x, dim, index, src) where index has size 1 along `dim` and x's size along every other
+#     dim writes exactly one element of each row along `dim`: the row's index. Each element of
+#     the result is then src where its position along `dim` equals that index, else x: a
+#     pointwise select, which fuses with x's producer and with every reader, where the stores
+#     need a buffer of their own. cross_entropy's backward is this case (nll_loss's gradient is
+#     -grad scattered into zeros at each row's target): a (tokens, vocabulary) buffer written,
+#     then read back, which the select never makes. The position still goes through
+#     `checked_position`, so an index outside the dim raises as eager does.
+
+
+def scatter_as_select(x: TensorValue, dim: int, index: TensorValue, src, dtype: DType) -> TensorValue | None:
+    """The select form of a scatter of one element per row along `dim`, or None for any other
+    scatter (Note: a scatter of one element per row is a select)."""
+    if x.ndim == 0 or index.ndim != x.ndim or index.dtype not in (dtypes.int64, dtypes.int32):
+        return None
+    dim = normalized_dim(dim, x.ndim)
+    other_dims = [d for d in range(x.ndim) if d != dim]
+    if x.shape[dim] == 0 or index.shape[dim] != 1 or any(index.shape[d] != x.shape[d] for d in other_dims):
+        return None
+    if isinstance(src, TensorValue) and (src.ndim != x.ndim or any(map(int.__lt__, src.shape, index.shape))):
+        return None
+    row = [axis(d) if d != dim else const_index(0) for d in range(x.ndim)]
+    message = f"scatter: index {{value}} is out of bounds for dimension {dim} with size {x.shape[dim]}"
+    position = checked_position(index.reindex(x.shape, row).body, x.shape[dim], False, "RuntimeError", message)
+    value = src.reindex(x.shape, row).body.cast(dtype) if isinstance(src, TensorValue) else UOp.const(dtype, src)
+    hit = axis(dim).alu(Ops.CMPEQ, position)
+    return x.with_body(hit.where(value, x.body.cast(dtype)), dtype)
 
 
 @register(aten.scatter_add.default, low_precision=False)

@@ -130,11 +130,11 @@ def _split_step(step: ComputedBuffer, ctx: LoweringContext, policy: SplitPolicy,
         current = substitute(red, replaced) if replaced else red
         axes = tuple(sorted({u.arg for u in current.toposort if u.op is Ops.AXIS}))
         sizes = tuple(shape[a] for a in axes)
-        if (current, sizes) in done:
-            replaced[red] = done[current, sizes]
-            continue
         if any(type(s) is not int for s in sizes) or any(r.src[0].op is not Ops.CONST for r in current.src[1:]):
             continue  # a symbolic size (Note: symbolic sizes): the reduction stays whole, one pass per output
+        if (current, sizes) in done:  # (checked after: a SymInt has no hash)
+            replaced[red] = done[current, sizes]
+            continue
         extent = math.prod(r.src[0].arg for r in current.src[1:])
         one_pass = red in variances and variances[red] not in replaced
         split = policy.splits(math.prod(sizes), extent, policy.one_pass_chunk if one_pass else None)

@@ -5,6 +5,7 @@ compile runs the original eagerly); lowering sees the result. The steps, in orde
 
   pre_passes     the user's callables (config), each given the torch.fx.Graph
   noops          x+0, x*1, same-dtype conversions, views that end where they began (noops.py)
+  attention      softmax(q @ k^T * c) @ v written out -> one flash-attention call (attention.py)
   channels_last  2-d convolutions read NHWC activations (layout.py)
   mkldnn         linear / convolution + bias + activation as one oneDNN call where that fuses a
                  pass; an addmm left whose readers are ember kernels -> mm + bias (mkldnn.py)
@@ -31,7 +32,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ember.config import Config
 from ember.errors import EmberError
-from ember.passes import layout, mkldnn, noops
+from ember.passes import attention, layout, mkldnn, noops
 from ember.passes.eager_memory import INPUTS_HELD
 
 
@@ -44,6 +45,7 @@ def run_passes(gm: torch.fx.GraphModule, config: Config) -> tuple[torch.fx.Graph
     run_user_passes("pre_passes", config.pre_passes, graph)
     if config.passes:
         rewrites["noops"] += noops.remove_noops(graph)
+        rewrites["attention"] += attention.pm_flash_attention.apply(graph)
         if config.conv_channels_last:
             rewrites["channels_last"] += layout.channels_last_convolutions(graph)
         if config.mkldnn_fusion and mkldnn.applicable():

@@ -24,7 +24,7 @@ class RenderedKernel:
     launch: dict = field(default_factory=dict)  # Triton: the launcher's block facts (runtime/triton.py)
     tiled: bool = False  # C++: its loops are 2-D tiles (Note: 2-D tiles, codegen/tiling.py)
     search: Any = None  # C++ with config.kernel_search: a SearchPlan (compile_search.py)
-    reduce_loops: int = 0  # C++: reduce loops it opens (codegen/shared_loops.py reduce_loop_count)
+    reduce_loops: int = 0  # reduce loops it opens (C++; Triton: its looped variant; shared_loops.reduce_loop_count)
     variables: tuple[str, ...] = ()  # size variables it takes after its buffers (Note: symbolic sizes)
 
 
@@ -51,7 +51,7 @@ C_SIZES = SizeSpelling(
 
 
 def size_expression(u: UOp) -> str:
-    """C (and Triton) source of an index expression of constants and size variables: a loop's
+    """C source of an index expression of constants and size variables: a loop's
     bound (Note: symbolic sizes). Sizes are never negative, so C's division is Python's."""
     return spell_size(u, C_SIZES)
 

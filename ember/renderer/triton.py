@@ -25,6 +25,7 @@ from ember.renderer.triton_scan import combine_call, scan_call
 from ember.renderer.triton_scatter import ScatterStore, scatter_store_lines
 from ember.uop.dtypes import DType, bits_of, dtypes
 from ember.uop.ops import AccBlock, BlockAxis, CheckArg, Ops, ScatterArg, UOp
+from ember.uop.variables import SizeSpelling, spell_size
 
 TL_TYPES = {
     "bool": "tl.int1", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32", "int64": "tl.int64",
@@ -32,6 +33,14 @@ TL_TYPES = {
     "bfloat16": "tl.bfloat16", "float32": "tl.float32",
     "float64": "tl.float64", "index": "tl.int64",
 }  # fmt: skip
+
+
+# a loop bound of size arguments (Note: symbolic blocks, codegen/blocks.py); sizes are never
+# negative, so Triton's truncating `//` and `%` are floor division and remainder
+TRITON_SIZES = SizeSpelling(
+    "Triton", {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%"},
+    lambda op, a, b: f"tl.{op}imum({a}, {b})", negates=False, error=NotImplementedError,
+)  # fmt: skip
 
 
 def tl_type(dtype: DType) -> str:
@@ -199,6 +208,8 @@ class _Body:
             return u.arg.name
         if u.op is Ops.BLOCK_SIZE:
             return u.arg.value
+        if u.op is Ops.DEFINE_VAR:  # a size argument (Note: symbolic blocks, codegen/blocks.py)
+            return u.arg.name
         return self.names[u]
 
     def line(self, text: str) -> None:
@@ -231,7 +242,9 @@ class _Body:
     def open_loop(self, r: UOp) -> None:
         """A loop over chunks of a block axis (its variable is the chunk's offset) or over
         elements one at a time."""
-        name, numel = r.arg.name, r.src[0].arg
+        name, numel = r.arg.name, spell_size(r.src[0], TRITON_SIZES)
+        if r.src[0].op is not Ops.CONST:  # of size arguments (Note: symbolic blocks, triton_prelude.py)
+            numel = f"ember_loop_bound({numel})"
         if r.arg.block is not None:
             self.line(f"for {name} in range(0, {numel}, {r.arg.block.value}):")
         else:

@@ -6,9 +6,9 @@ looped; Note: blocks for a kernel AST, codegen/blocks.py).
 from __future__ import annotations
 
 from ember.codegen.blocks import BlockPlan
-from ember.renderer.common import RenderedKernel, kernel_errors, kernel_params
+from ember.renderer.common import RenderedKernel, kernel_errors, kernel_params, kernel_variables
 from ember.renderer.triton import render_body, tl_type
-from ember.renderer.triton_prelude import PRELUDE
+from ember.renderer.triton_prelude import LOOP_BOUND_PRELUDE, PRELUDE
 from ember.renderer.triton_scan import SCAN_PRELUDE
 from ember.uop.ops import Ops, UOp
 
@@ -17,32 +17,43 @@ def render_triton(name: str, programs: dict[str, list[UOp]], plan: BlockPlan, wr
                   scalars: frozenset[str] = frozenset()) -> RenderedKernel:  # fmt: skip
     """`programs`: each variant of `plan` (codegen/blocks.py) lowered to blocks and linearized
     (codegen/block_lowering.py). `scalars`: one-element int64 buffers (the random seed and offsets) the kernel
-    takes by value rather than as a pointer: no device buffer to fill per call. Typed int64 and
-    never specialized, so every value runs one compiled kernel."""
+    takes by value rather than as a pointer: no device buffer to fill per call. The size variables
+    it reads (Note: symbolic blocks, codegen/blocks.py) come after the buffers. Both are typed
+    int64 and never specialized, so every value runs one compiled kernel."""
     every = [u for program in programs.values() for u in program]
     params = kernel_params(every, written)
     for _, dtype, _ in params:
         tl_type(dtype)
     errors = kernel_errors(every)
-    names = [f"{p}: tl.int64" if p in scalars else p for p, _, _ in params]
+    variables = kernel_variables(every)
+    names = [f"{p}: tl.int64" if p in scalars else p for p, _, _ in params] + [f"{v}: tl.int64" for v in variables]
     signature = ", ".join(names + (["ember_error"] if errors else []))
-    by_value = sorted(scalars & {p for p, _, _ in params})
+    by_value = sorted(scalars & {p for p, _, _ in params}) + list(variables)
     jit = f"@triton.jit(do_not_specialize={by_value!r})" if by_value else "@triton.jit"
+    blocks = "XBLOCK: tl.constexpr" + ("" if plan.shape.pointwise else ", RBLOCK: tl.constexpr")
     functions = []
     for variant, program in programs.items():
-        lines = render_body(program, errors, plan.index_bits, scalars)
-        blocks = "XBLOCK: tl.constexpr" + ("" if plan.shape.pointwise else ", RBLOCK: tl.constexpr")
-        head = f"{jit}\ndef {name}_{variant}({signature}, {blocks}):\n"
-        functions.append(head + "\n".join(lines) + "\n")
+        # Note: symbolic blocks: under a size cap, 32-bit index math with the sizes narrowed on
+        # entry, and the same program with 64-bit index math for calls past the cap
+        widths = [(variant, plan.index_bits)] + ([(f"{variant}_wide", 64)] if plan.size_cap else [])
+        for function, bits in widths:
+            narrowed = [f"    {v} = {v}.to(tl.int32)" for v in variables] if plan.size_cap and bits == 32 else []
+            lines = narrowed + render_body(program, errors, bits, scalars)
+            functions.append(f"{jit}\ndef {name}_{function}({signature}, {blocks}):\n" + "\n".join(lines) + "\n")
     scans = any(u.op is Ops.BLOCK_SCAN for u in every)
-    source = PRELUDE + (SCAN_PRELUDE if scans else "") + "\n\n" + "\n\n".join(functions)
-    launch = {**plan.launch, "arguments": argument_kinds(params, scalars, errors)}
-    return RenderedKernel(name, source, params, errors, launch=launch)
+    symbolic_loops = any(u.op is Ops.RANGE and u.src[0].op is not Ops.CONST for u in every)
+    preludes = PRELUDE + (SCAN_PRELUDE if scans else "") + (LOOP_BOUND_PRELUDE if symbolic_loops else "")
+    source = preludes + "\n\n" + "\n\n".join(functions)
+    launch = {**plan.launch, "arguments": argument_kinds(params, scalars, errors, variables)}
+    if variables:
+        launch |= {"variables": list(variables), "variables_at": len(params)}
+    return RenderedKernel(name, source, params, errors, launch=launch, variables=variables)
 
 
-def argument_kinds(params: list, scalars: frozenset[str], errors: list) -> list[str]:
+def argument_kinds(params: list, scalars: frozenset[str], errors: list, variables: tuple[str, ...] = ()) -> list[str]:
     """What each argument of a call is, for the compile ahead of it (Note: ember owns the Triton
     compile, runtime/triton_compile.py): `*<dtype>` a pointer to a buffer, `int64` a seed or
-    offset taken by value, and last the error flags, a pointer to int64 (Note: kernel errors on the GPU)."""
-    kinds = ["int64" if p in scalars else f"*{dtype.name}" for p, dtype, _ in params]
+    offset or a size variable taken by value, and last the error flags, a pointer to int64
+    (Note: kernel errors on the GPU)."""
+    kinds = ["int64" if p in scalars else f"*{dtype.name}" for p, dtype, _ in params] + ["int64"] * len(variables)
     return kinds + (["*int64"] if errors else [])

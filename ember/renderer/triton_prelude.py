@@ -58,3 +58,15 @@ def ember_ipow(a, b):
     negative = tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0))
     return tl.where(b < 0, negative, result)
 """
+
+# Note: symbolic blocks (codegen/blocks.py): a loop over a number of elements given by size
+# arguments bounds its `range` by `ember_loop_bound(n)`: n itself on the GPU. Triton's interpreter
+# makes every value computed from an argument a 1-element array, which `range` cannot take (numpy
+# has no int() of one), so the module run by the interpreter has its own (runtime/triton.py
+# `write_module`: runtime/triton_libdevice.py `interpreted_loop_bound`).
+LOOP_BOUND_PRELUDE = """
+
+@triton.jit
+def ember_loop_bound(n):
+    return n
+"""

@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from ember.metrics import metrics
+from ember.renderer.triton_prelude import LOOP_BOUND_PRELUDE
 from ember.runtime.cache import (
     CacheDirectoryError,
     content_hash,
@@ -56,6 +57,7 @@ from ember.runtime.triton_pool import CompilePool
 
 LIBDEVICE_IMPORT = "from triton.language.extra import libdevice"
 INTERPRETED_IMPORT = "from ember.runtime.triton_libdevice import interpreted_libdevice as libdevice"
+INTERPRETED_LOOP_BOUND = "\n\nfrom ember.runtime.triton_libdevice import interpreted_loop_bound as ember_loop_bound\n"
 
 
 def require_interpreter() -> None:
@@ -77,6 +79,7 @@ def write_module(source: str, cache_dir: Path, interpret: bool, version: str) ->
 
     if interpret:
         source = source.replace(LIBDEVICE_IMPORT, INTERPRETED_IMPORT)
+        source = source.replace(LOOP_BOUND_PRELUDE, INTERPRETED_LOOP_BOUND)
     root = open_root(cache_dir)
     key = content_hash(source, triton.__version__, version)
     path = entry_path(root, "triton", key, ".py")
@@ -186,9 +189,15 @@ def torch_cuda_current_device() -> int:
 
 
 def raw_stream(device: int) -> int:
+    return stream_getter()(device)
+
+
+def stream_getter() -> Callable[[int], int]:
+    """torch's C function giving a device's current CUDA stream, which the fast launch calls
+    without a Python frame around it."""
     import torch
 
-    return torch._C._cuda_getCurrentRawStream(device)
+    return torch._C._cuda_getCurrentRawStream
 
 
 @functools.cache
@@ -210,6 +219,33 @@ def loaded(kernel: Any) -> Any:
     return kernel
 
 
+def direct_launch(kernel: Any) -> tuple:
+    """(C launch function, CUfunction, the arguments between them and the kernel's): the call
+    `kernel.run(grid, 1, 1, stream, function, metadata, None, None, None, *args)` makes, without
+    its Python frame, where the kernel needs no scratch memory (Triton allocates that per
+    launch; such a kernel goes through `kernel.run`)."""
+    run = kernel.run
+    fields = ("launch", "launch_cooperative_grid", "launch_pdl", "global_scratch_size", "profile_scratch_size")
+    if all(hasattr(run, f) for f in fields) and not run.global_scratch_size and not run.profile_scratch_size:
+        head = (run.launch_cooperative_grid, run.launch_pdl, None, None, kernel.packed_metadata, None, None, None)
+        return run.launch, kernel.function, head
+    return run, kernel.function, (kernel.packed_metadata, None, None, None)
+
+
+def symbolic_grid(numel_source: str, variables: list[str], first: int) -> Callable[[tuple, int], int]:
+    """The grid of a call of a kernel whose x extent is symbolic (Note: symbolic blocks,
+    codegen/blocks.py): `numel_source`, Python over the size variables (uop/variables.py
+    `python_source`, ember's own text), evaluated at the variables the call passes from position
+    `first` on, in blocks of XBLOCK."""
+    numel = eval(f"lambda {', '.join(variables)}: {numel_source}", {"max": max, "min": min})  # noqa: S307
+    stop = first + len(variables)
+
+    def grid(args: tuple, xblock: int) -> int:
+        return (numel(*args[first:stop]) + xblock - 1) // xblock
+
+    return grid
+
+
 # ---- the launcher ----------------------------------------------------------------------------
 
 
@@ -229,20 +265,32 @@ class TritonLauncher:
     nothing shared, so a benchmark's trial launches never alter what other calls run."""
 
     def __init__(self, module: ModuleType, name: str, variants: list[str], xnumel: int, rnumel: int,
-                 written: list[int], interpret: bool, autotune: bool = True, xextent: int = 0,
-                 arguments: list[str] | None = None, root: str = "", relative: str = "") -> None:  # fmt: skip
+                 written: list[int], interpret: bool, autotune: bool = True, xextent: int = 0, tuned: int = 8,
+                 arguments: list[str] | None = None, root: str = "", relative: str = "",
+                 grid_numel: str = "", variables: list[str] | None = None, variables_at: int = 0,
+                 size_cap: int = 0) -> None:  # fmt: skip
         self.module, self.name, self.variants, self.autotune = module, name, variants, autotune
+        self.tuned = max(1, tuned)  # the most candidates the first call times (config.tuning_candidates)
+        # Note: symbolic blocks (codegen/blocks.py): the x extent of each call, from its size arguments
+        self.symbolic_grid = symbolic_grid(grid_numel, variables or [], variables_at) if grid_numel else None
+        self.size_arguments = range(variables_at, variables_at + len(variables or []))
+        self.size_cap = size_cap  # past it, a call takes the kernel with 64-bit index math
         self.xextent = max(xnumel, xextent)  # what XBLOCK may cover (more than the grid's x: nested reductions)
         self.xnumel, self.rnumel, self.written, self.interpret = xnumel, rnumel, written, interpret
         # the argument types the renderer declared (renderer/triton_module.py `argument_kinds`)
         self.signature = signature_of(arguments) if arguments is not None else None
         self.root, self.relative = root, relative  # the module in the cache, for compile requests
         self.config: LaunchConfig | None = None
-        self.compiled: dict[tuple, Any] = {}  # pointer alignments -> compiled kernel
+        # pointer alignments (and whether past the size cap) -> direct launch (`direct_launch`)
+        self.compiled: dict[tuple, tuple] = {}
         self.grid, self.stream_device = 0, 0
         self.constexprs: tuple[int, ...] = ()
         self.pool: CompilePool | None = None
         self.lock = threading.Lock()
+        # every argument a pointer (no seed): the fast path checks alignment with one OR
+        self.only_pointers = self.signature is not None and all(t.startswith("*") for t in self.signature)
+        self.direct_aligned: tuple | None = None  # the direct launch for 16-byte aligned pointers
+        self.current_stream: Callable[[int], int] = raw_stream  # (stream_getter's, from the first launch)
 
     def __call__(self, *args: Any) -> None:
         if self.config is None:
@@ -251,22 +299,44 @@ class TritonLauncher:
         if self.interpret:
             self.launch(self.config, args)
             return
+        grid = self.grid if self.symbolic_grid is None else self.symbolic_grid(args, self.config.xblock)
         # Note: the fast launch. Triton's own launch path binds and specializes the arguments
         # in Python on every call (tens of microseconds); after the first launch for an
-        # alignment of the pointers, the compiled kernel is called directly.
-        aligned = tuple(isinstance(a, int) or a.data_ptr() % 16 == 0 for a in args)  # (an int: the seed)
-        kernel = self.compiled.get(aligned)
-        if kernel is None:
+        # alignment of the pointers, the compiled kernel's C launcher is called directly. A
+        # wrapper launches a hundred kernels or more per call, so each microsecond here is
+        # about a tenth of a millisecond of a training step's CPU time, which the GPU waits for.
+        if self.only_pointers:
+            combined = 0
+            for a in args:
+                combined |= a.data_ptr()
+            direct = self.direct_aligned if not combined & 15 else None
+        else:
+            direct = None
+        if direct is None:
+            direct = self.direct_for(args)
+        launch, function, head = direct
+        launch(grid, 1, 1, self.current_stream(self.stream_device), function, *head, *args, *self.constexprs)
+
+    def direct_for(self, args: tuple) -> tuple:
+        """The direct launch (see `direct_launch`) of the kernel compiled for these pointer
+        alignments (with 64-bit indexes past the size cap: Note: symbolic blocks): compiled at the
+        first launch for them, under the lock."""
+        aligned = tuple(isinstance(a, int) or a.data_ptr() % 16 == 0 for a in args)  # (an int: the seed, a size)
+        wide = self.size_cap > 0 and self.past_cap(args)
+        direct = self.compiled.get((*aligned, wide))
+        if direct is None:
             with self.lock:
-                kernel = self.compiled.get(aligned)
-                if kernel is None:
+                direct = self.compiled.get((*aligned, wide))
+                if direct is None:
+                    self.current_stream = stream_getter()
                     self.stream_device = torch_cuda_current_device()
                     target, _ = device_facts(self.stream_device)
-                    kernel = self.compiled_kernel(self.config, argument_types(args), aligned, target)
-                    self.compiled[aligned] = kernel
-        stream = raw_stream(self.stream_device)
-        kernel.run(self.grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                   *args, *self.constexprs)  # fmt: skip
+                    kernel = self.compiled_kernel(self.config, argument_types(args), aligned, target, wide)
+                    direct = direct_launch(kernel)
+                    self.compiled[(*aligned, wide)] = direct
+                    if all(aligned) and self.only_pointers:
+                        self.direct_aligned = direct  # last: the fast path reads it without the lock
+        return direct
 
     def configure(self, args: tuple) -> None:
         """Choose the launch configuration once, whichever threads make the first calls."""
@@ -278,22 +348,43 @@ class TritonLauncher:
                 self.config = config  # last: the fast path reads grid and constexprs once config is set
 
     def grid_and_blocks(self, config: LaunchConfig) -> tuple[int, dict[str, int]]:
+        """The grid of a static x extent (a symbolic one's is computed per call) and the block sizes."""
         grid = (self.xnumel + config.xblock - 1) // config.xblock
         return grid, {"XBLOCK": config.xblock} | ({"RBLOCK": config.rblock} if config.rblock else {})
 
+    def past_cap(self, args: tuple) -> bool:
+        """Whether a size of this call exceeds the cap of 32-bit index math (Note: symbolic blocks)."""
+        return any(args[i] > self.size_cap for i in self.size_arguments)
+
+    def function(self, config: LaunchConfig, wide: bool) -> str:
+        """The jit function of `config`: with 64-bit index math when `wide`."""
+        return f"{self.name}_{config.variant}{'_wide' if wide else ''}"
+
+    def grid_of(self, config: LaunchConfig, args: tuple) -> int:
+        """The programs a launch of `config` on `args` runs."""
+        if self.symbolic_grid is not None:
+            return self.symbolic_grid(args, config.xblock)
+        return self.grid_and_blocks(config)[0]
+
     def launch(self, config: LaunchConfig, args: tuple) -> Any:
         """Under the interpreter: one launch through Triton's `fn[grid]`."""
-        fn = getattr(self.module, f"{self.name}_{config.variant}")
-        grid, blocks = self.grid_and_blocks(config)
+        from ember.runtime.triton_libdevice import interpreted_size
+
+        wide = self.size_cap > 0 and self.past_cap(args)
+        metrics.add(triton_wide_index_launches=wide)
+        fn = getattr(self.module, self.function(config, wide))
+        _, blocks = self.grid_and_blocks(config)
+        grid = self.grid_of(config, args)
+        args = tuple(interpreted_size(a) if i in self.size_arguments else a for i, a in enumerate(args))
         return fn[(grid,)](*args, **blocks)
 
     # ---- compiling (Note: ember owns the Triton compile) -------------------------------------
 
     def request(self, config: LaunchConfig, signature: tuple[str, ...], aligned: tuple[bool, ...],
-                target: tuple[str, int, int]) -> CompileRequest:  # fmt: skip
+                target: tuple[str, int, int], wide: bool = False) -> CompileRequest:  # fmt: skip
         options, cache_dir, environment = triton_settings()
         _, blocks = self.grid_and_blocks(config)
-        return CompileRequest(self.root, self.relative, self.module._sha256, f"{self.name}_{config.variant}",
+        return CompileRequest(self.root, self.relative, self.module._sha256, self.function(config, wide),
                               signature, aligned, tuple(blocks.items()), config.num_warps, target, options,
                               cache_dir, environment)  # fmt: skip
 
@@ -311,10 +402,10 @@ class TritonLauncher:
         metrics.add(triton_configs_precompiled=len(plan))
 
     def compiled_kernel(self, config: LaunchConfig, signature: tuple[str, ...], aligned: tuple[bool, ...],
-                        target: tuple[str, int, int]) -> Any:  # fmt: skip
+                        target: tuple[str, int, int], wide: bool = False) -> Any:  # fmt: skip
         """`config` compiled for a call with these argument types and alignments, loaded on the
         current device: after the pool's work on it, if it was precompiled (a cache hit then)."""
-        request = self.request(config, signature, aligned, target)
+        request = self.request(config, signature, aligned, target, wide)
         pending = self.pool.pending(request) if self.pool is not None else None
         if pending is None:
             metrics.add(triton_compiles_in_process=1)
@@ -328,8 +419,9 @@ class TritonLauncher:
     def trial(self, config: LaunchConfig, args: tuple, target: tuple[str, int, int]) -> Callable[[], None]:
         """A launch of `config` on `args` (compiled now), as a benchmark repeats it; changes
         nothing the fast path reads."""
-        kernel = self.compiled_kernel(config, argument_types(args), argument_alignment(args), target)
-        grid, blocks = self.grid_and_blocks(config)
+        wide = self.size_cap > 0 and self.past_cap(args)
+        kernel = self.compiled_kernel(config, argument_types(args), argument_alignment(args), target, wide)
+        grid, blocks = self.grid_of(config, args), self.grid_and_blocks(config)[1]
         stream, constexprs = raw_stream(torch_cuda_current_device()), tuple(blocks.values())
 
         def launch() -> None:
@@ -360,7 +452,7 @@ class TritonLauncher:
         """The configurations the first call launches: one where there is nothing to choose or
         the choice cannot matter (the interpreter, autotune off, one candidate, a tiny kernel, a
         recorded winner), else the candidates it times."""
-        options = candidates(self.variants, self.xextent, self.rnumel, self.interpret)
+        options = candidates(self.variants, self.xextent, self.rnumel, self.interpret)[: self.tuned]
         if self.interpret or not self.autotune or len(options) == 1 or self.tiny:
             return options[:1]
         winner = self.recorded_winner(device_name)

@@ -4,6 +4,8 @@ The interpreter runs a kernel as Python over numpy arrays but has no libdevice (
 libm), which the Triton renderer calls for the functions tl.math lacks. The runtime
 imports this namespace instead of `triton.language.extra.libdevice` into modules it loads
 for the interpreter; each function applies the numpy equivalent to the block's data.
+`interpreted_size` passes a size argument as the GPU's kernel takes it and `interpreted_loop_bound`
+makes a bound of them a `range`'s (Note: symbolic blocks, codegen/blocks.py).
 """
 
 from __future__ import annotations
@@ -55,3 +57,17 @@ interpreted_libdevice = SimpleNamespace(
     nextafter=_elementwise(np.nextafter), hypot=_elementwise(np.hypot), erfc=_elementwise(_torch(torch.erfc)),
     lgamma=_elementwise(_torch(torch.lgamma)),
 )  # fmt: skip
+
+
+def interpreted_size(value: int) -> tl.core.tensor:
+    """A size argument as the interpreter should see it: an int64 scalar, as the compiled kernel
+    declares it (Note: symbolic blocks, codegen/blocks.py). The interpreter makes a plain int an
+    int32 (for values that fit) of one element, which is no loop bound: `range` takes its
+    `__index__`, and numpy has no int() of a 1-element array."""
+    return tl.core.tensor(TensorHandle(np.array(value, dtype=np.int64), tl.int64), tl.int64)
+
+
+def interpreted_loop_bound(n):
+    """A loop bound computed from size arguments as a Python int (renderer/triton_prelude.py
+    LOOP_BOUND_PRELUDE): the interpreter's values are arrays of one element."""
+    return int(np.asarray(n.handle.data).reshape(-1)[0]) if isinstance(n, tl.core.tensor) else n

@@ -15,6 +15,7 @@ from ember.schedule.group import align, recomputed_member, resolve_bodies, unsaf
 from ember.schedule.nodes import SchedulerNode
 from ember.schedule.order import Plan, ScheduleOrder, ScheduleWork
 from ember.uop.ops import Ops, UOp
+from ember.uop.variables import size_hint
 
 MAX_ROUNDS = 10
 MAX_FUSED_NODES = 64
@@ -223,7 +224,8 @@ def starved_programs(members: list[SchedulerNode], bodies: dict) -> str | None:
     if (outer := nested_reduction(bodies)) is not None:
         return f"the reduction in {outer} would hold another in its loop (one GPU program for all of it)"
     reduces = [name for name, body in bodies.items() if any(u.op is Ops.REDUCE for u in body.toposort)]
-    sizes = {n.name: n.step.buffer.layout.numel for n in members}
+    # symbolic sizes at the example's values: an estimate, it changes speed only (Note: symbolic sizes)
+    sizes = {n.name: size_hint(n.step.buffer.layout.numel) for n in members}
     few = min((sizes[name] for name in reduces), default=None)
     big = max(sizes, key=lambda name: sizes[name])
     if few is not None and few < STARVED_PROGRAMS and sizes[big] >= STARVED_ELEMENTS and sizes[big] > few:

@@ -108,7 +108,7 @@ class KernelCall:
     def render(self) -> str:
         if self.triton:
             flag = [f"_gpu_errors.slot({self.error_slot})"] if self.error_slot is not None else []
-            return f"{self.kernel}({', '.join(self.args + flag)})"
+            return f"{self.kernel}({', '.join(self.args + list(self.variables) + flag)})"
         pointers = [f"{a}.data_ptr()" for a in self.args] + list(self.variables)
         pointers += ["_error.address"] if self.can_fail else []
         call = f"{self.kernel}({', '.join(pointers)})"

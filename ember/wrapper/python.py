@@ -118,7 +118,8 @@ def generate_wrapper(
                 slot = len(gpu_errors) if kernels[i].errors else None
                 gpu_errors += [list(kernels[i].errors)] if kernels[i].errors else []
                 label = labels.get(i, kernels[i].var)
-                body.append(L.KernelCall(kernels[i].var, list(kernels[i].params), False, True, slot, label))
+                body.append(L.KernelCall(kernels[i].var, list(kernels[i].params), False, True, slot, label,
+                                         variables=kernels[i].variables))  # fmt: skip
             elif i in kernels:  # (a group of empty buffers has no kernel)
                 label = labels.get(i, kernels[i].var)
                 body.append(L.KernelCall(kernels[i].var, list(kernels[i].params), bool(kernels[i].errors), label=label,

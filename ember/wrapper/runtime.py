@@ -46,12 +46,6 @@ def profiled_call(module: dict, *args):
     return function(*args)
 
 
-def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
-    """A view of `t` with `offset` counted from t's first element (torch.as_strided counts
-    from the start of its storage, and an aten result may itself be a view into one)."""
-    return t.as_strided(size, stride, t.storage_offset() + offset)
-
-
 # Note: outputs are never views
 #     A buffer the wrapper returns in another layout than its own (a reshape of a matmul's result),
 #     or one that takes over a freed buffer's storage (wrapper/plan.py), could be an `as_strided`
@@ -62,11 +56,21 @@ def as_strided(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
 #     storage and layout as a tensor of its own.
 
 
-def reinterpret(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
-    """`as_strided(t, size, stride, offset)` as a tensor of its own, not a view of `t` (Note:
-    outputs are never views)."""
+def _reinterpret_in_python(t: torch.Tensor, size, stride, offset: int = 0) -> torch.Tensor:
     storage_offset = t.storage_offset() + offset
     return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), storage_offset, size, stride)
+
+
+# `reinterpret(t, size, stride, offset)`: `t`'s storage in another layout, `offset` counted from
+# t's first element, as a tensor of its own (Note: outputs are never views). torch's C helper
+# for exactly this (which dynamo's guards use) takes a microsecond where the two aten calls above
+# take three on a GPU, and a wrapper makes a few hundred per training step; older torch builds
+# without it get the Python version.
+reinterpret = getattr(torch._C._dynamo.guards, "_reinterpret_tensor", _reinterpret_in_python)
+# A view an extern call reads (a reshape of a buffer): the same tensor of its own serves.
+as_strided = reinterpret
+# The allocation of a wrapper's buffer: torch's own, with no Python frame around it.
+empty_strided = torch.empty_strided
 
 
 __all__ = [
@@ -105,10 +109,6 @@ def random_offset(value: int) -> torch.Tensor:
 
 # Seeds are non-negative int64s (Philox takes 64 key bits; Triton reads a seed as uint64).
 SEED_BOUND = 2**63 - 1
-
-
-def empty_strided(size, stride, dtype, device):
-    return torch.empty_strided(size, stride, dtype=dtype, device=device)
 
 
 def constant_on(constants: dict, name: str, device: torch.device) -> torch.Tensor:

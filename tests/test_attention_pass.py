@@ -1,0 +1,114 @@
+"""passes/attention.py: attention written out by hand becomes one flash-attention call, and
+nothing else does. Results against eager float64; the rewrite counted in
+`ember.metrics.pass_rewrites["attention"]`."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+from tests.helpers import check, data
+
+
+@pytest.fixture(autouse=True)
+def _cpu_graphs(monkeypatch):
+    """The rewrite targets the CPU's flash attention; CUDA graphs go through unchanged."""
+    monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")
+
+
+def attention_div(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def attention_mul(q, k, v):
+    return F.softmax(torch.matmul(q, k.transpose(-1, -2)) * 0.3, dim=3) @ v
+
+
+def attention_unscaled(q, k, v):
+    return (q @ k.mT).softmax(-1) @ v
+
+
+def heads(batch, seq, heads, dim, seed, dtype=torch.float32):
+    """A [batch, heads, seq, dim] view of a [batch, seq, heads*dim] projection (as attention layers make)."""
+    return data((batch, seq, heads * dim), dtype, seed=seed, spread=1.0).view(batch, seq, heads, dim).transpose(1, 2)
+
+
+@pytest.mark.parametrize("fn", [attention_div, attention_mul, attention_unscaled])
+@pytest.mark.parametrize("shape", [(2, 16, 4, 8), (1, 33, 2, 64), (3, 7, 1, 24)])
+def test_written_out_attention_is_one_call(fn, shape):
+    batch, seq, n_heads, dim = shape
+    q, k, v = (heads(batch, seq, n_heads, dim, seed) for seed in range(3))
+    check(fn, q, k, v)
+    assert ember.metrics.pass_rewrites["attention"] == 1
+
+
+def test_contiguous_operands_and_float64():
+    q, k, v = (data((2, 3, 20, 16), torch.float64, seed=s, spread=1.0) for s in range(3))
+    check(attention_div, q, k, v)
+    assert ember.metrics.pass_rewrites["attention"] == 1
+
+
+def test_longer_keys():
+    q = data((2, 2, 12, 16), seed=0, spread=1.0)
+    k, v = (data((2, 2, 40, 16), seed=s, spread=1.0) for s in (1, 2))
+    check(attention_div, q, k, v)
+    assert ember.metrics.pass_rewrites["attention"] == 1
+
+
+def test_a_wider_value_is_left_alone():
+    """The CPU flash attention wants one head size for q, k and v."""
+    q = data((2, 2, 12, 16), seed=0, spread=1.0)
+    k, v = data((2, 2, 40, 16), seed=1, spread=1.0), data((2, 2, 40, 24), seed=2, spread=1.0)
+    check(attention_div, q, k, v)
+    assert ember.metrics.pass_rewrites["attention"] == 0
+
+
+def weights_too(q, k, v):
+    weights = torch.softmax(q @ k.transpose(-2, -1) / 8.0, dim=-1)
+    return weights @ v, weights
+
+
+def masked(q, k, v):
+    scores = q @ k.transpose(-2, -1) / 8.0
+    causal = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
+    return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
+
+
+def broadcast_key(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v  # k, v: one head for all
+
+
+def softmax_over_queries(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1), dim=-2) @ v
+
+
+@pytest.mark.parametrize("fn", [weights_too, masked, softmax_over_queries])
+def test_other_graphs_are_left_alone(fn):
+    q, k, v = (heads(2, 16, 4, 8, seed) for seed in range(3))
+    check(fn, q, k, v)
+    assert ember.metrics.pass_rewrites["attention"] == 0
+
+
+def test_broadcast_heads_are_left_alone():
+    q = heads(2, 16, 4, 8, 0)
+    k, v = (data((2, 1, 16, 8), seed=s, spread=1.0) for s in (1, 2))
+    check(broadcast_key, q, k, v)
+    assert ember.metrics.pass_rewrites["attention"] == 0
+
+
+def test_training_keeps_the_pieces():
+    """The forward saves the weights for the backward: the pattern's weights have another reader."""
+    q, k, v = (heads(2, 16, 4, 8, seed).detach().requires_grad_() for seed in range(3))
+    torch._dynamo.reset()
+    compiled = torch.compile(attention_div, backend="ember", dynamic=False)
+    compiled(q, k, v).sum().backward()
+    grads = [t.grad for t in (q, k, v)]
+    reference = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    attention_div(*reference).sum().backward()
+    for got, want in zip(grads, reference):
+        torch.testing.assert_close(got.double(), want.grad, rtol=1.3e-5, atol=1e-5)
+    assert ember.metrics.pass_rewrites["attention"] == 0
