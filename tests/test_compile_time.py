@@ -14,9 +14,9 @@ import torch
 
 import ember
 from ember import compile_cpp
-from ember.runtime import cpu
 from ember.debug import progress as progress_module
 from ember.debug.progress import CompileProgress
+from ember.runtime import cpu
 from tests.helpers import check
 
 EMBER_STAGES = {"graph_key", "graph_cache_load", "lower", "schedule", "codegen", "render", "runtime", "wrapper"}
