@@ -15,7 +15,7 @@ from typing import Any
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import BufferArg, Ops, UOp
 from ember.uop.symbolic_division import normal_form
-from ember.uop.variables import index_size
+from ember.uop.variables import index_size, known_zero
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Layout:
     @property
     def storage_size(self) -> int:
         """Elements the buffer must hold for this layout to be in bounds."""
-        if self.numel == 0:
+        if known_zero(self.numel):
             return 0
         return self.offset + 1 + sum((s - 1) * st for s, st in zip(self.size, self.stride))
 

@@ -18,7 +18,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def rotary(q, k, inv_freq):
     """LLaMA's rotary embedding: cos/sin of [S, D] positions, applied to q [B, H, S, D] and k [B, Hkv, S, D]."""
-    positions = torch.arange(q.shape[-2], dtype=torch.float32)
+    positions = torch.arange(q.shape[-2], dtype=torch.float32, device=q.device)
     freqs = positions[:, None] * inv_freq[None, :]
     angles = torch.cat((freqs, freqs), dim=-1)
     cos, sin = angles.cos(), angles.sin()

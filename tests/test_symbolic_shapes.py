@@ -226,6 +226,18 @@ def test_views_of_symbolic_sizes():
     assert_compiled_once()
 
 
+def test_padding_to_a_multiple_compiles_once():
+    """A length padded up to a multiple of 8 (s - s % 8 + 8, as sdpa pads an attention mask on the
+    GPU): the pad's emptiness check asks no guard of the padded size (lower/values.py known_zero)."""
+    import torch.nn.functional as F
+
+    def f(x):
+        return F.pad(x, (0, 8 - x.shape[-1] % 8), value=-1.0) * 2
+
+    check_shapes(f, lambda b, s: [torch.randn(b, s)], [(2, 3), (3, 9), (4, 16)])
+    assert_compiled_once()
+
+
 def test_mark_dynamic_on_one_dim():
     def f(x, w):
         return torch.nn.functional.gelu(x @ w).sum(-1)

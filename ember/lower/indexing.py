@@ -50,6 +50,7 @@ from ember.lower.values import (
 )
 from ember.uop.dtypes import DType, dtypes, from_torch
 from ember.uop.ops import CheckArg, Ops, UOp
+from ember.uop.variables import known_zero
 
 aten = torch.ops.aten
 
@@ -197,7 +198,7 @@ def lower_index(ctx, node, x: TensorValue, indices) -> TensorValue:
 def lower_cat(ctx, node, tensors, dim: int = 0) -> TensorValue:
     """Nested WHEREs over the input each position falls in (Note: reads must be in bounds)."""
     shape, dtype = result(node)
-    if math.prod(shape) == 0:
+    if known_zero(math.prod(shape)):
         return constant(0, dtype, shape)
     dim = normalized_dim(dim, len(shape))
     values, ends, start = [], [], 0
@@ -237,7 +238,7 @@ def lower_unbind(ctx, node, x: TensorValue, dim: int = 0) -> tuple[TensorValue, 
 def lower_constant_pad(ctx, node, x: TensorValue, pad, value=0) -> TensorValue:
     """pad holds (before, after) pairs from the last dim backwards; negative pads crop."""
     shape, dtype = result(node)
-    if x.numel == 0 or math.prod(shape) == 0:
+    if known_zero(x.numel) or known_zero(math.prod(shape)):
         return constant(value, dtype, shape)
     positions, checks = identity_axes(x.ndim), []
     for k in range(len(pad) // 2):
@@ -269,7 +270,7 @@ def lower_flip(ctx, node, x: TensorValue, dims) -> TensorValue:
 def lower_repeat(ctx, node, x: TensorValue, repeats) -> TensorValue:
     """Tiles: trailing dims line up; each output position reads x at position % size."""
     shape, _ = result(node)
-    if math.prod(shape) == 0:
+    if known_zero(math.prod(shape)):
         return constant(0, x.dtype, shape)
     lead = len(repeats) - x.ndim
     positions = [axis(lead + d) % size if repeats[lead + d] != 1 else axis(lead + d) for d, size in enumerate(x.shape)]
@@ -289,7 +290,7 @@ def lower_slice_scatter(ctx, node, base: TensorValue, src: TensorValue, dim: int
         raise Unsupported("slice_scatter of symbolic bounds: aten's")
     begin, stop, step = slice(start, end, step).indices(base.shape[dim])
     length = len(range(begin, stop, step))
-    if length == 0 or math.prod(shape) == 0:
+    if length == 0 or known_zero(math.prod(shape)):
         return base
     offset = axis(dim) - begin
     kept = clamped(offset, 0, (length - 1) * step)

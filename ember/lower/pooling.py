@@ -26,6 +26,7 @@ from ember.lower.registry import Unsupported, register
 from ember.lower.values import TensorValue, axis, const_index, constant
 from ember.uop.dtypes import DType, dtypes, from_torch
 from ember.uop.ops import Ops, UOp
+from ember.uop.variables import known_zero
 
 aten = torch.ops.aten
 
@@ -134,7 +135,7 @@ def lower_avg_pool_backward(ctx: LoweringContext, node: torch.fx.Node, grad: Ten
     in_shape, out = tuple(meta.shape), from_torch(meta.dtype)
     if not out.is_float:
         raise Unsupported("avg_pool backward of integers")
-    if math.prod(in_shape) == 0 or grad.numel == 0:
+    if known_zero(math.prod(in_shape)) or known_zero(grad.numel):
         return constant(0, out, in_shape)
     pool = AvgPoolWindows.of(x.shape[-n:], kernel_size, stride, padding, count_include_pad, divisor_override)
     lead, out_sizes = x.ndim - n, grad.shape[-n:]
@@ -261,7 +262,7 @@ def lower_adaptive_avg_pool_backward(ctx: LoweringContext, node: torch.fx.Node, 
     in_shape, out = tuple(meta.shape), from_torch(meta.dtype)
     if not out.is_float:
         raise Unsupported("adaptive_avg_pool backward of integers")
-    if math.prod(in_shape) == 0 or grad.numel == 0:
+    if known_zero(math.prod(in_shape)) or known_zero(grad.numel):
         return constant(0, out, in_shape)
     lead, sizes, outs = x.ndim - n, x.shape[-n:], grad.shape[-n:]
     old_axes, valid, ranges = [axis(i) for i in range(lead)], [], []

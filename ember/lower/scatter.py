@@ -42,6 +42,7 @@ from ember.lower.scans import running_count
 from ember.lower.values import TensorValue, axis, broadcast_to, const_index, load, reshape
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import CheckArg, Ops, UOp
+from ember.uop.variables import known_zero
 
 aten = torch.ops.aten
 
@@ -82,7 +83,7 @@ def store_at(ctx: LoweringContext, node: torch.fx.Node, target: Buffer, shape: t
              value: UOp, combine: Ops | None, owner_dims: tuple[int, ...] = ()) -> None:  # fmt: skip
     """For every position p of `shape`: target[index(p)] (combine)= value(p). `owner_dims`: dims
     of `shape` that are the position along a dim of target (ir.py IndexedStore)."""
-    if math.prod(shape) == 0:
+    if known_zero(math.prod(shape)):
         return
     if target.layout.numel == 0:
         raise Unsupported("a store into an empty tensor: every index is out of range, as aten will report")
@@ -327,7 +328,7 @@ def lower_masked_scatter(ctx, node, x: TensorValue, mask: TensorValue, source: T
     if mask.dtype is not dtypes.bool or source.numel == 0:
         raise Unsupported("masked_scatter with a non-bool mask or an empty source")
     chosen = broadcast_to(mask, shape)
-    if math.prod(shape) == 0:
+    if known_zero(math.prod(shape)):
         return broadcast_to(x, shape).with_body(broadcast_to(x, shape).body.cast(dtype), dtype)
     counts = reshape(running_count(ctx, reshape(chosen, (math.prod(shape),)), node.name), shape)
     before = counts.body.cast(dtypes.index) - 1
@@ -348,7 +349,7 @@ def lower_diagonal_scatter(ctx, node, x: TensorValue, src: TensorValue, offset: 
     shape, dtype = result(node)
     dim1, dim2 = normalized_dim(dim1, x.ndim), normalized_dim(dim2, x.ndim)
     length = src.shape[-1] if src.ndim else 0
-    if length == 0 or math.prod(shape) == 0:
+    if length == 0 or known_zero(math.prod(shape)):
         return x.with_body(x.body.cast(dtype), dtype)
     on_diagonal = (axis(dim2) - axis(dim1)).alu(Ops.CMPEQ, const_index(offset))
     along = clamped(axis(dim1) - max(-offset, 0), 0, length - 1)  # Note: reads must be in bounds

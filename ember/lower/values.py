@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ember.ir import Buffer, Layout, same_sizes
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import Ops, RangeKind, UOp, substitute
+from ember.uop.variables import known_zero
 
 
 def axis(i: int) -> UOp:
@@ -136,7 +137,7 @@ def reshape(x: TensorValue, shape: tuple[int, ...]) -> TensorValue:
     """Row-major reshape: each old axis is recovered from the new position's flat index."""
     if same_sizes(tuple(shape), x.shape):
         return x
-    if x.numel == 0:
+    if known_zero(x.numel):
         return TensorValue(tuple(shape), x.dtype, x.body)
     kept_new = [i for i, s in enumerate(shape) if s != 1]
     kept_old = [i for i, s in enumerate(x.shape) if s != 1]

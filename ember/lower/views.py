@@ -23,7 +23,7 @@ from ember.lower.values import (
 )
 from ember.uop.dtypes import dtypes, from_torch
 from ember.uop.ops import Ops, UOp
-from ember.uop.variables import index_size
+from ember.uop.variables import index_size, known_zero
 
 aten = torch.ops.aten
 
@@ -195,7 +195,7 @@ def lower_diagonal_scatter(ctx: LoweringContext, node: torch.fx.Node, x: TensorV
     d1, d2 = _dim(dim1, x.ndim), _dim(dim2, x.ndim)
     if d1 == d2 or not isinstance(src, TensorValue):
         raise Unsupported("diagonal_scatter of a dim with itself")
-    if src.numel == 0:  # an empty diagonal: nothing to replace
+    if known_zero(src.numel):  # an empty diagonal: nothing to replace
         return x
     kept = [d for d in range(x.ndim) if d not in (d1, d2)]
     i = axis(d1) - max(-offset, 0)  # the position along the diagonal

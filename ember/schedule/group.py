@@ -18,7 +18,7 @@ from ember.uop.dtypes import dtypes
 from ember.uop.ops import Ops, RangeKind, UOp, substitute
 from ember.uop.symbolic import addends, element_form, linear_terms, simplify
 from ember.uop.symbolic_division import below, exact_quotient, factors
-from ember.uop.variables import index_size
+from ember.uop.variables import index_size, known_zero
 
 
 def align(sizes: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[list[int]]] | None:
@@ -27,7 +27,7 @@ def align(sizes: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[list[int]
     symbolic size (Note: symbolic sizes) matches only the same expression, and is never 1."""
     sizes = [tuple(index_size(s) for s in size) for size in sizes]
     group = list(max(sizes, key=len))
-    if any(0 in size for size in sizes) and len(set(sizes)) > 1:
+    if any(known_zero(s) for size in sizes for s in size) and len(set(sizes)) > 1:
         return None  # an empty member has no iterations to share
     placements = []
     for size in sizes:

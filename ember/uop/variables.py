@@ -197,3 +197,16 @@ def size_source(value: Any) -> str:
         return python_source(value)
     size = symbolic_size(value)
     return python_source(size) if size is not None else repr(value)
+
+
+def known_zero(n) -> bool:
+    """Whether the size `n` (an int, or an expression of symbolic sizes) is 0, asking no guard of
+    a symbolic one (Note: symbolic sizes, uop/variables.py): dynamo passes sizes 0 and 1 as
+    constants, so a symbolic size is at least 2, and an expression of them is 0 only where that
+    is provable (a constant factor 0). Asking `n == 0` of a padded length (s - s % 8 + 8, as the
+    attention mask's padding on the GPU makes) would need a guard the symbolic compile refuses."""
+    if isinstance(n, int):
+        return n == 0
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(n == 0)
