@@ -29,7 +29,6 @@ from ember.lower.decompositions import corrected_autograd_kernels, decomposition
 from ember.metrics import metrics
 from ember.passes.eager_memory import INPUTS_HELD
 from ember.shape_specialization import ShapeSpecializedGraph, is_symbolic
-from ember.stack_room import with_stack_room
 
 log = logging.getLogger("ember")
 
@@ -71,7 +70,7 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
     start, ember_seconds = time.perf_counter(), metrics.compile_seconds.total()
     try:
         with corrected_autograd_kernels(), collection_paused():  # Note: no garbage collection while compiling
-            return with_stack_room(backend, gm, example_inputs)  # Note: room on Python's frame stack
+            return backend(gm, example_inputs)
     except RestartAnalysis:  # dynamo's control flow (e.g. float scalars made tensors): it traces again
         raise
     except Exception as e:
@@ -92,7 +91,7 @@ def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], con
         if role in ("forward", "inference"):
             gm.meta[INPUTS_HELD] = True
         with collection_paused():
-            compiled = with_stack_room(compile_symbolic, gm, example_inputs, config, role)
+            compiled = compile_symbolic(gm, example_inputs, config, role)
         if not isinstance(compiled, str):
             return compiled
         record_fallback(compiled, role, config)
@@ -102,7 +101,7 @@ def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], con
         gm.meta[INPUTS_HELD] = True
     try:
         with collection_paused():  # a backward compiles at its first call, outside ember_backend
-            return with_stack_room(compile_graph, gm, example_inputs, config, role)
+            return compile_graph(gm, example_inputs, config, role)
     except Exception as e:
         if config.strict:
             raise
