@@ -64,6 +64,15 @@ def gpt2():
     return GPT2LMHeadModel(config).eval()
 
 
+def llama():
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(0)
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=128, vocab_size=300, max_position_embeddings=128)  # fmt: skip
+    return LlamaModel(config).eval()
+
+
 def test_gpt2_compiles_once_for_every_batch_and_length():
     model = gpt2()
     shapes = [(2, 17), (3, 23), (4, 31), (2, 40), (3, 9), (4, 64), (2, 5)]
@@ -83,13 +92,7 @@ def test_bert_compiles_once():
 
 
 def test_llama_compiles_once():
-    from transformers import LlamaConfig, LlamaModel
-
-    torch.manual_seed(0)
-    config = LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=300, max_position_embeddings=128)  # fmt: skip
-    model = LlamaModel(config).eval()
-    check_shapes(model, lambda b, s: [torch.randint(0, 300, (b, s))], [(2, 11), (3, 29), (2, 50)])
+    check_shapes(llama(), lambda b, s: [torch.randint(0, 300, (b, s))], [(2, 11), (3, 29), (2, 50)])
     assert_compiled_once()
 
 

@@ -16,7 +16,7 @@ import torch
 
 import ember
 from tests.helpers import test_device
-from tests.test_symbolic_shapes import _tensors, _upcast, assert_compiled_once, gpt2
+from tests.test_symbolic_shapes import _tensors, _upcast, assert_compiled_once, gpt2, llama
 
 DEVICE = test_device()
 
@@ -108,13 +108,7 @@ def test_gpt2_compiles_once_for_every_batch_and_length():
 
 
 def test_llama_compiles_once():
-    from transformers import LlamaConfig, LlamaModel
-
-    torch.manual_seed(0)
-    config = LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=300, max_position_embeddings=128)  # fmt: skip
-    model = LlamaModel(config).eval()
-    run_shapes(model, lambda b, s: [torch.randint(0, 300, (b, s))], [(2, 11), (3, 29), (2, 50)])
+    run_shapes(llama(), lambda b, s: [torch.randint(0, 300, (b, s))], [(2, 11), (3, 29), (2, 50)])
     assert_compiled_once()
 
 

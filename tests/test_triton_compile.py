@@ -76,10 +76,9 @@ def pool():
     made.shutdown()
 
 
-def test_a_graph_compiles_ahead_and_the_first_call_finds_every_kernel_in_the_cache(tmp_path):
-    """Every configuration the first call may launch was compiled by the pool's workers, and the
-    launcher's own compile of each (what the first call does) is a hit in Triton's cache; the
-    same kernel for unaligned pointers is not (the check can tell)."""
+def run_harness(tmp_path, *mode: str) -> dict:
+    """tests/triton_compile_harness.py in a process of its own (no interpreter, fresh caches, two
+    workers, tuning plans on): its report."""
     environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     environment |= {
         "TRITON_CACHE_DIR": str(tmp_path / "triton"),
@@ -87,11 +86,18 @@ def test_a_graph_compiles_ahead_and_the_first_call_finds_every_kernel_in_the_cac
         "EMBER_COMPILE_THREADS": "2",
         "EMBER_AUTOTUNE": "1",
     }  # fmt: skip (tuning plans are the subject)
-    done = subprocess.run([sys.executable, "-m", "tests.triton_compile_harness"], cwd=ROOT, env=environment,
+    done = subprocess.run([sys.executable, "-m", "tests.triton_compile_harness", *mode], cwd=ROOT, env=environment,
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("harness: ")]
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(lines[0].removeprefix("harness: "))
+    return json.loads(lines[0].removeprefix("harness: "))
+
+
+def test_a_graph_compiles_ahead_and_the_first_call_finds_every_kernel_in_the_cache(tmp_path):
+    """Every configuration the first call may launch was compiled by the pool's workers, and the
+    launcher's own compile of each (what the first call does) is a hit in Triton's cache; the
+    same kernel for unaligned pointers is not (the check can tell)."""
+    report = run_harness(tmp_path)
     assert report["kernels"] >= 3 and report["error_flag_kernels"] >= 1 and report["by_value_kernels"] >= 1
     assert report["plans"][0] == 1 and report["plans"][-1] > 1  # a tiny kernel takes one, the softmax several
     assert report["requests"] == report["precompiled"] == sum(report["plans"])
@@ -108,18 +114,7 @@ def test_symbolic_kernels_compile_for_the_gpu_with_sizes_as_arguments(tmp_path):
     compiled once, its kernels' configurations compiled for sm_90 by the pool with the size
     arguments as int64 (never specialized: the requests hold no sizes), each a hit when the first
     call compiles it; the 64-bit-index twins that calls past a size cap take compile too."""
-    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    environment |= {
-        "TRITON_CACHE_DIR": str(tmp_path / "triton"),
-        "EMBER_CACHE_DIR": str(tmp_path / "ember"),
-        "EMBER_COMPILE_THREADS": "2",
-        "EMBER_AUTOTUNE": "1",
-    }  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "tests.triton_compile_harness", "symbolic"], cwd=ROOT,
-                          env=environment, capture_output=True, text=True, timeout=900)  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith("harness: ")]
-    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(lines[0].removeprefix("harness: "))
+    report = run_harness(tmp_path, "symbolic")
     assert report["symbolic_graphs"] == 1 and report["kernels"] >= 3
     assert report["symbolic_grid_kernels"] >= 3 and report["by_value_kernels"] >= 3
     # the twins with 64-bit indexes compile too (the cross-entropy's kernel gathers at a loaded

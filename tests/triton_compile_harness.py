@@ -29,12 +29,11 @@ def program(x, w, table, idx):
     return probabilities, noisy, rows, w.sum()
 
 
-def compile_for_cuda(cache: Path) -> list:
-    """The graph of `program` compiled by the GPU path (the backend and the wrapper's launchers
-    told they serve CUDA device 0); the launchers its wrapper made."""
+def stand_in_cuda_launchers() -> list:
+    """Patches ember so a graph compiles by the GPU path for a stand-in sm_90 on this machine;
+    returns the list every Triton launcher the wrappers load (on cuda:0) is appended to."""
     from ember import compile_graph as graph_module
     from ember.compile_triton import TritonBackend
-    from ember.config import load
     from ember.runtime import triton as triton_runtime
     from ember.wrapper import runtime as wrapper_runtime
 
@@ -47,6 +46,16 @@ def compile_for_cuda(cache: Path) -> list:
         return launchers[-1]
 
     wrapper_runtime.load_triton_kernel = load_for_cuda
+    return launchers
+
+
+def compile_for_cuda(cache: Path) -> list:
+    """The graph of `program` compiled by the GPU path (the backend and the wrapper's launchers
+    told they serve CUDA device 0); the launchers its wrapper made."""
+    from ember import compile_graph as graph_module
+    from ember.config import load
+
+    launchers = stand_in_cuda_launchers()
     inputs = [torch.randn(256, 1000), torch.randn(1000), torch.randn(50, 64), torch.randint(0, 50, (8,))]
     gm = make_fx(program)(*inputs)
     graph_module.compile_graph(gm, inputs, load(cache_dir=str(cache), graph_cache=False))
@@ -62,21 +71,10 @@ def symbolic_program(x, y):
 def compile_symbolic_for_cuda(cache: Path) -> list:
     """`symbolic_program` compiled once with dynamic=True by the GPU path (Note: symbolic blocks,
     ember/codegen/blocks.py), as `compile_for_cuda` does; the calls launch nothing."""
-    from ember import compile_graph as graph_module
-    from ember.compile_triton import TritonBackend
     from ember.runtime import triton as triton_runtime
-    from ember.wrapper import runtime as wrapper_runtime
 
-    triton_runtime.device_facts = lambda device: (TARGET, "stand-in sm_90")
+    launchers = stand_in_cuda_launchers()
     triton_runtime.TritonLauncher.__call__ = lambda self, *args: None  # nothing launched (no GPU)
-    graph_module.backend_for = lambda device, config: TritonBackend(interpret=False)
-    launchers, load_kernel = [], wrapper_runtime.load_triton_kernel
-
-    def load_for_cuda(root, relative, sha256, name, device=None, **launch):
-        launchers.append(load_kernel(root, relative, sha256, name, torch.device("cuda", 0), **launch))
-        return launchers[-1]
-
-    wrapper_runtime.load_triton_kernel = load_for_cuda
     compiled = torch.compile(symbolic_program, backend="ember", dynamic=True)
     for n, m in ((5, 40), (9, 300)):
         compiled(torch.randn(n, m), torch.randn(n, m))
