@@ -170,7 +170,10 @@ def candidates(variants: list[str], xnumel: int, rnumel: int, interpret: bool) -
         found += [LaunchConfig("looped", 1, min(rcap, 2048), 8), LaunchConfig("looped", 1, min(rcap, 1024), 4)]
         if xnumel >= 64:  # many short rows or columns: several rows per program
             found += [LaunchConfig("looped", min(8, xcap), min(rcap, 256), 8),
-                      LaunchConfig("looped", min(32, xcap), min(rcap, 64), 4)]  # fmt: skip
+                      LaunchConfig("looped", min(32, xcap), min(rcap, 64), 4),
+                      # a (rows, 16) column sum's partials: a chunk's 16 columns, 128 rows a step, one
+                      # contiguous 8 KiB read in 16-byte loads (Triton orders the block x-major)
+                      LaunchConfig("looped", min(16, xcap), min(rcap, 128), 4)]  # fmt: skip
     return list(dict.fromkeys(found))
 
 
