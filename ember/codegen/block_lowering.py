@@ -314,7 +314,8 @@ class _BlockLowering:
         the sum's update reads (Note: a row's exponential sum in one pass); its lanes' values."""
         prior = UOp(Ops.ACC_PRIOR, red.dtype, (acc, loop))
         after = prior.alu(Ops.MAX, masked)
-        read = UOp(Ops.ACC_READ, red.dtype, (acc, UOp(Ops.ACC_UPDATE, red.dtype, (acc, after, loop), AccUpdate.REPLACE)))
+        update = UOp(Ops.ACC_UPDATE, red.dtype, (acc, after, loop), AccUpdate.REPLACE)
+        read = UOp(Ops.ACC_READ, red.dtype, (acc, update))
         self.online_maxima[red] = OnlineMax(prior, after, masked, read)
         return read
 

@@ -13,8 +13,9 @@ Stages, in pipeline order:
              instead of REDUCE and SCAN; what the linearizer takes
     BLOCKED  after block lowering (codegen/block_lowering.py): loops on the x axis are one x index
              (PROGRAM_ID, BLOCK_SIZE, ARANGE), REDUCE and SCAN are block reductions, block scans and
-             accumulators; LOAD, STORE and CHECK take the mask of their active lanes; what the
-             linearizer takes for a block backend
+             accumulators (a tile accumulator may be read before its update, ACC_PRIOR, and its
+             update replace it, AccUpdate.REPLACE); LOAD, STORE and CHECK take the mask of their
+             active lanes; what the linearizer takes for a block backend
 """
 
 from __future__ import annotations
