@@ -25,6 +25,13 @@ def _triton_backend(monkeypatch):
     monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")
 
 
+@pytest.fixture(params=["row", "lane"])
+def maximum(request, monkeypatch):
+    """The running maximum a looped exp sum is taken against: the row's, or each lane's."""
+    monkeypatch.setenv("EMBER_ONLINE_SOFTMAX", request.param)
+    return request.param
+
+
 def special_rows(width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Rows whose lanes meet -inf, +inf and NaN before, after and instead of finite values."""
     torch.manual_seed(0)
@@ -57,7 +64,7 @@ def exp_sum_ops() -> dict:
 
 # (XBLOCK, RBLOCK): rows of 37 in chunks of 8, with tails in both; one lane of a chunk per element
 @pytest.mark.parametrize("launch", [("looped", 2, 8), ("looped", 4, 16), ("persistent", 4, 64)], ids=str)
-def test_exp_sums_match_float64_eager_with_infinities_and_nans(monkeypatch, launch):
+def test_exp_sums_match_float64_eager_with_infinities_and_nans(monkeypatch, launch, maximum):
     force_launch(monkeypatch, *launch)
     x, target = special_rows(37), torch.randint(0, 37, (11,))
     for name, fn in exp_sum_ops().items():
@@ -65,7 +72,7 @@ def test_exp_sums_match_float64_eager_with_infinities_and_nans(monkeypatch, laun
         check_lowered({name: fn}, x, target)
 
 
-def test_a_row_longer_than_any_block_walks_once_for_its_maximum_and_sum():
+def test_a_row_longer_than_any_block_walks_once_for_its_maximum_and_sum(maximum):
     """20000 elements: more than a persistent block holds, so the looped variant runs, with its
     usual launch; logsumexp and the loss's row statistics walk each row once, not twice."""
     x, target = special_rows(20000), torch.randint(0, 20000, (11,))
@@ -76,8 +83,17 @@ def test_a_row_longer_than_any_block_walks_once_for_its_maximum_and_sum():
     assert ember.metrics.reduce_loops == 2  # the rows' statistics once, and the mean over rows
 
 
+def test_two_walks_when_switched_off(monkeypatch):
+    """config.online_softmax "off": the maximum's walk, then the sum's, as written."""
+    monkeypatch.setenv("EMBER_ONLINE_SOFTMAX", "off")
+    force_launch(monkeypatch, "looped", 2, 8)
+    x, target = special_rows(37), torch.randint(0, 37, (11,))
+    check_lowered({"logsumexp": lambda x, t: torch.logsumexp(x, -1)}, x, target)
+    assert ember.metrics.reduce_loops == 2
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_low_precision_logits(monkeypatch, dtype):
+def test_low_precision_logits(monkeypatch, dtype, maximum):
     """Softmax and the loss of 16-bit logits compute in float32: the exp sum is the same pair."""
     force_launch(monkeypatch, "looped", 2, 8)
     x, target = special_rows(37, dtype), torch.randint(0, 37, (11,))

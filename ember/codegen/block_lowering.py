@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ember.codegen.blocks import BlockPlan, elements
-from ember.codegen.online_softmax import ExpSum, exp_sum_of_max, lane_total, online_update
+from ember.codegen.online_softmax import ExpSum, exp_sum_of_max, lane_total, online_update, row_total
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import (
     AccArg,
@@ -92,10 +92,11 @@ class OnlineMax:
     """A looped maximum's lanes, as an exp sum shifted by it reads them (Note: a row's exponential
     sum in one pass, codegen/online_softmax.py)."""
 
-    prior: UOp  # each lane's maximum before this chunk's element
+    prior: UOp  # each row's (or lane's) maximum before this chunk
     after: UOp  # and after it
-    element: UOp  # the element (-inf where masked)
-    lanes: UOp  # each lane's maximum after the loop
+    element: UOp  # the chunk's elements (-inf where masked)
+    final: UOp  # each row's (or lane's) maximum after the loop
+    per_row: bool  # "row": one maximum per row, each chunk's folded in; "lane": one per lane of the tile
 
 
 def lower_blocks(sink: UOp, plan: BlockPlan, variant: str) -> UOp:
@@ -137,7 +138,8 @@ class _BlockLowering:
         self.phases: dict[UOp, Phase] = {}  # REDUCE -> its phase
         self.range_phase: dict[UOp, Phase] = {}  # a phase's range -> the phase
         # Note: a row's exponential sum in one pass (codegen/online_softmax.py)
-        self.exp_sums = {} if self.persistent else self.find_exp_sums()
+        self.exp_sum_maximum = plan.exp_sum_maximum  # "row", "lane" or "off"
+        self.exp_sums = {} if self.persistent or self.exp_sum_maximum == "off" else self.find_exp_sums()
         self.online_maxima: dict[UOp, OnlineMax] = {}  # a maximum an exp sum walks with -> its lanes' values
         for red in self.shape.reduces:
             self.phase_of_reduce(red)
@@ -301,34 +303,42 @@ class _BlockLowering:
             return UOp(Ops.BLOCK_REDUCE, red.dtype, (masked,), BlockReduceArg(combine, BlockAxis.R))
         if red in self.exp_sums:
             return self.exp_sum(red, self.exp_sums[red], new[self.exp_sums[red].shift])
+        if any(found.maximum is red for found in self.exp_sums.values()):
+            return self.online_maximum(red, masked, phase)
         acc = self.accumulator(red.dtype, combine, phase, AccBlock.TILE)
         assert phase.loop is not None
-        if any(found.maximum is red for found in self.exp_sums.values()):
-            read = self.online_maximum(red, acc, masked, phase.loop)
-        else:
-            read = UOp(Ops.ACC_READ, red.dtype, (acc, UOp(Ops.ACC_UPDATE, red.dtype, (acc, masked, phase.loop))))
+        read = UOp(Ops.ACC_READ, red.dtype, (acc, UOp(Ops.ACC_UPDATE, red.dtype, (acc, masked, phase.loop))))
         return UOp(Ops.BLOCK_REDUCE, red.dtype, (read,), BlockReduceArg(combine, BlockAxis.R))
 
-    def online_maximum(self, red: UOp, acc: UOp, masked: UOp, loop: UOp) -> UOp:
-        """A maximum an exp sum walks with: each lane's maximum before and after each element, which
-        the sum's update reads (Note: a row's exponential sum in one pass); its lanes' values."""
-        prior = UOp(Ops.ACC_PRIOR, red.dtype, (acc, loop))
-        after = prior.alu(Ops.MAX, masked)
-        update = UOp(Ops.ACC_UPDATE, red.dtype, (acc, after, loop), AccUpdate.REPLACE)
+    def online_maximum(self, red: UOp, masked: UOp, phase: Phase) -> UOp:
+        """A maximum an exp sum walks with (Note: a row's exponential sum in one pass): each row's (a
+        [XBLOCK, 1] accumulator, each chunk's maximum folded in) or each lane's, before and after each
+        chunk, which the sum's update reads."""
+        per_row = self.exp_sum_maximum == "row"
+        acc = self.accumulator(red.dtype, Ops.MAX, phase, AccBlock.ROWS if per_row else AccBlock.TILE)
+        assert phase.loop is not None
+        prior = UOp(Ops.ACC_PRIOR, red.dtype, (acc, phase.loop))
+        chunk = UOp(Ops.BLOCK_REDUCE, red.dtype, (masked,), BlockReduceArg(Ops.MAX, BlockAxis.R)) if per_row else masked
+        after = prior.alu(Ops.MAX, chunk)
+        update = UOp(Ops.ACC_UPDATE, red.dtype, (acc, after, phase.loop), AccUpdate.REPLACE)
         read = UOp(Ops.ACC_READ, red.dtype, (acc, update))
-        self.online_maxima[red] = OnlineMax(prior, after, masked, read)
-        return read
+        self.online_maxima[red] = OnlineMax(prior, after, masked, read, per_row)
+        return read if per_row else UOp(Ops.BLOCK_REDUCE, red.dtype, (read,), BlockReduceArg(Ops.MAX, BlockAxis.R))
 
     def exp_sum(self, red: UOp, found: ExpSum, shift: UOp) -> UOp:
-        """Note: a row's exponential sum in one pass: each lane's sum, relative to its maximum, updated
-        in the maximum's loop, then scaled to the row's `shift` and folded."""
+        """Note: a row's exponential sum in one pass: each lane's sum, relative to the row's or its own
+        maximum, updated in the maximum's loop, then folded and scaled to the row's `shift`."""
         maximum, phase = self.online_maxima[found.maximum], self.phases[red]
         acc = self.accumulator(red.dtype, Ops.ADD, phase, AccBlock.TILE)
         assert phase.loop is not None
         prior = UOp(Ops.ACC_PRIOR, red.dtype, (acc, phase.loop))
         value = online_update(found, maximum.prior, maximum.after, prior, maximum.element)
         update = UOp(Ops.ACC_UPDATE, red.dtype, (acc, value, phase.loop), AccUpdate.REPLACE)
-        lanes = lane_total(found, UOp(Ops.ACC_READ, red.dtype, (acc, update)), maximum.lanes, shift)
+        lanes = UOp(Ops.ACC_READ, red.dtype, (acc, update))
+        if maximum.per_row:
+            total = UOp(Ops.BLOCK_REDUCE, red.dtype, (lanes,), BlockReduceArg(Ops.ADD, BlockAxis.R))
+            return row_total(found, total, maximum.final, shift)
+        lanes = lane_total(found, lanes, maximum.final, shift)
         return UOp(Ops.BLOCK_REDUCE, red.dtype, (lanes,), BlockReduceArg(Ops.ADD, BlockAxis.R))
 
     def sequential_reduce(self, red: UOp, value: UOp, phase: Phase, identity: UOp) -> UOp:

@@ -1,29 +1,35 @@
 """Stage `codegen` (block backends), part of block lowering: a sum of exponentials shifted by the
 maximum of the same row (softmax's denominator, log_softmax, logsumexp, cross_entropy), found in a
 kernel AST after `phases.block_rewrite` (`exp_sum_of_max`), and the block UOps that compute it in
-the maximum's own looped phase (`online_update`, `lane_total`), which codegen/block_lowering.py uses.
+the maximum's own looped phase (`online_update`, `row_total`, `lane_total`), which
+codegen/block_lowering.py uses.
 
 Note: a row's exponential sum in one pass
     Lowered as written, S = sum_r exp(x_r - c), with c a function of M = max_r x_r, needs M before
-    its first term: a looped variant walks a long row twice, once for M and once for S. Each lane
-    of the [XBLOCK, RBLOCK] tile keeps instead its running maximum m (M's own accumulator) and a
-    sum s = sum exp(x - ref(m)) of what it has seen, taken relative to ref(m) = m, or 0 where
-    m = +inf. A new element x, with m' = max(m, x):
+    its first term: a looped variant walks a long row twice, once for M and once for S. Instead the
+    maximum's loop keeps a running maximum m and, in each lane of the [XBLOCK, RBLOCK] tile, a sum
+    s = sum exp(x - ref(m)) of what that lane has seen, relative to ref(m) = m, or 0 where m = +inf.
+    With config.online_softmax "row" (the default) m is the row's, each chunk's maximum folded in (a
+    block max per chunk: one exp and one float64 conversion of the rescale per row and chunk, one of
+    each per element for its term, as the second pass had); with "lane" each lane keeps its own
+    (no reduction across lanes inside the loop, but a second exp and conversion per element). For a
+    chunk, with m' = max(m, the chunk's elements (row) or element (lane)):
         s' = (m' == m ? s : s * exp(ref(m) - ref(m')))  +  (m' == -inf ? 0 : exp(x - ref(m')))
-    and after the loop, once M and c are known, S = sum over lanes of s * exp(ref(m) - c).
-    exp(x - r) * exp(r - c) is exp(x - c), so S is eager's sum up to rounding (each term rounded
-    against the lane's maximum, the rescale factor once more), and the row is read once. Eager's
-    infinities and NaNs come out the same: a lane that has seen only -inf keeps s = 0 (the guard on
-    its term), its total 0 * exp(-inf - c) is 0 unless c is -inf (a row of -inf, whose terms eager
-    makes NaN); a lane with +inf has s = inf, and its total inf * exp(0 - c) is NaN for c = +inf (as
-    eager's inf - inf) and inf for a finite c (logsumexp's c, where(|M| == inf, 0, M)); a NaN makes
-    m, s and S NaN. Only shifts that are -inf exactly when M is are taken (M itself, or M with some
-    rows replaced by a finite constant), so a lane with no element at all (a row shorter than
-    RBLOCK), which the formula counts as one of -inf, changes nothing: its total is 0, or NaN in a
-    row whose sum is NaN anyway. Terms are summed in the sum's own accumulator dtype (float64 for a
-    float32 sum, as every reduction is), the exponentials computed in the terms' dtype, as written;
-    only casts that widen are taken between them, so no rounding of eager's is skipped.
-    `ember.metrics.reduce_loops` counts one loop for both reductions.
+    and after the loop, once M and c are known, S = sum over lanes of s, times exp(ref(M) - c)
+    (row), or the sum over lanes of s * exp(ref(m) - c) (lane). exp(x - r) * exp(r - c) is
+    exp(x - c), so S is eager's sum up to rounding (each term rounded against the running maximum,
+    the rescale factor once more), and the row is read once. Eager's infinities and NaNs come out
+    the same: a lane that has seen only -inf keeps s = 0 (the guard on its term), so it adds 0
+    unless c is -inf (a row of -inf, whose terms eager makes NaN, as exp(-inf - c) is then); a +inf
+    makes s = inf, and the total inf * exp(0 - c) is NaN for c = +inf (as eager's inf - inf) and inf
+    for a finite c (logsumexp's c, where(|M| == inf, 0, M)); a NaN makes m, s and S NaN. Only shifts
+    that are -inf exactly when M is are taken (M itself, or M with some rows replaced by a finite
+    constant): a finite row with c = -inf would need eager's NaN for its -inf terms. Terms are summed
+    in the sum's own accumulator dtype (float64 for a float32 sum, as every reduction is), the
+    exponentials computed in the terms' dtype, as written; only casts that widen are taken between
+    them, so no rounding of eager's is skipped. The maximum's accumulator is read before its update
+    (ACC_PRIOR) and replaced (AccUpdate.REPLACE), as is the sum's. `ember.metrics.reduce_loops`
+    counts one loop for both reductions.
 """
 
 from __future__ import annotations
@@ -126,5 +132,13 @@ def online_update(found: ExpSum, prior_max: UOp, new_max: UOp, prior_sum: UOp, x
 
 def lane_total(found: ExpSum, lane_sum: UOp, lane_max: UOp, shift: UOp) -> UOp:
     """A lane's share of the row's sum once the row's shift is known: s * exp(ref(m) - c)."""
-    factor = _widened(reference(lane_max).alu(Ops.SUB, shift).alu(Ops.EXP), found.casts)
-    return lane_sum.alu(Ops.MUL, factor)
+    return lane_sum.alu(Ops.MUL, _rescale(found, lane_max, shift))
+
+
+def row_total(found: ExpSum, row_sum: UOp, row_max: UOp, shift: UOp) -> UOp:
+    """The row's sum, its lanes' sums relative to the row's maximum M added: S * exp(ref(M) - c)."""
+    return row_sum.alu(Ops.MUL, _rescale(found, row_max, shift))
+
+
+def _rescale(found: ExpSum, maximum: UOp, shift: UOp) -> UOp:
+    return _widened(reference(maximum).alu(Ops.SUB, shift).alu(Ops.EXP), found.casts)

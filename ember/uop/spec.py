@@ -369,8 +369,8 @@ def _block_acc_update(u: UOp) -> str | None:
     (Note: a row's exponential sum in one pass, codegen/online_softmax.py)."""
     if u.arg is AccUpdate.REPLACE:
         acc = u.src[0] if u.src else None
-        if acc is None or acc.op is not Ops.DEFINE_ACC or acc.arg.block is not AccBlock.TILE:
-            return "replaces the value of a tile accumulator only"
+        if acc is None or acc.op is not Ops.DEFINE_ACC or acc.arg.block not in (AccBlock.TILE, AccBlock.ROWS):
+            return "replaces the value of a tile or row accumulator only"
     elif u.arg is not None:
         return "arg must be None (combine) or AccUpdate.REPLACE"
     return _acc_update_sources(u)
@@ -379,8 +379,8 @@ def _block_acc_update(u: UOp) -> str | None:
 def _acc_prior(u: UOp) -> str | None:
     if len(u.src) != 2 or u.src[0].op is not Ops.DEFINE_ACC or u.src[1].op is not Ops.RANGE:
         return "takes (DEFINE_ACC, the loop RANGE it is read in)"
-    if u.src[0].arg.block is not AccBlock.TILE:
-        return "reads a tile accumulator only"
+    if u.src[0].arg.block not in (AccBlock.TILE, AccBlock.ROWS):
+        return "reads a tile or row accumulator only"
     return None if u.dtype is u.src[0].dtype else "dtype differs from its accumulator's"
 
 
