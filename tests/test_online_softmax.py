@@ -1,8 +1,9 @@
 """A row's sum of exponentials computed in its maximum's pass on the Triton path (Note: a row's
-exponential sum in one pass, codegen/online_softmax.py), through Triton's interpreter: softmax,
-log_softmax, logsumexp and cross_entropy against float64 eager on rows longer than one block (so the
-looped variant runs), with infinities and NaNs where a lane's running maximum changes, and
-`ember.metrics.reduce_loops` showing that the looped variant walks such a row once."""
+exponential sum in one pass, codegen/online_softmax.py), through Triton's interpreter (or on a GPU,
+as tests/test_split_reductions.py runs): softmax, log_softmax, logsumexp and cross_entropy against
+float64 eager on rows longer than one block (so the looped variant runs), with infinities and NaNs
+where the running maximum changes, and `ember.metrics.reduce_loops` showing that the looped variant
+walks such a row once."""
 
 import os
 
@@ -14,15 +15,20 @@ import ember
 from tests.helpers import check, check_lowered
 from tests.test_triton import force_launch
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 pytestmark = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter needs TRITON_INTERPRET=1 at start-up"
+    not INTERPRETED and not torch.cuda.is_available(),
+    reason="Triton's interpreter needs TRITON_INTERPRET=1 at start-up (or run on a GPU)",
 )
 
 
 @pytest.fixture(autouse=True)
 def _triton_backend(monkeypatch):
-    monkeypatch.setenv("EMBER_BACKEND", "triton")
-    monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")
+    if INTERPRETED:  # CPU tensors through the Triton renderer
+        monkeypatch.setenv("EMBER_BACKEND", "triton")
+        monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")
+    else:  # on a GPU machine: CUDA tensors, Triton compiled for the device
+        monkeypatch.setenv("EMBER_TEST_DEVICE", "cuda")
 
 
 @pytest.fixture(params=["row", "lane"])
