@@ -156,8 +156,12 @@ def test_a_ptxas_chosen_after_the_workers_started_is_the_one_they_use(modules, t
     Triton's cache key, so a worker still on Triton's ptxas compiled kernels under keys the
     launcher's own compile never finds. Requests carry the variable, and a worker that read one
     ptxas's version reads the new one's: its key is the one a worker started under the new
-    ptxas gets."""
+    ptxas gets; this process reads it again too (it would key its own compile by the old one)."""
+    from triton.backends.nvidia import compiler
+
     monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    triton_settings()
+    assert "(the test's ptxas)" not in compiler.get_ptxas_version(90)  # Triton's ptxas, read once
     early, late = CompilePool(1), None
     try:
         warm, _ = early.submit(request_for(modules["kernels"], "good_pointwise", 128, tmp_path / "triton"))
@@ -166,6 +170,7 @@ def test_a_ptxas_chosen_after_the_workers_started_is_the_one_they_use(modules, t
         monkeypatch.setenv("TRITON_PTXAS_PATH", str(script))
         request = request_for(modules["kernels"], "good_pointwise", 256, tmp_path / "triton")
         assert ("TRITON_PTXAS_PATH", str(script)) in request.environment
+        assert "(the test's ptxas)" in compiler.get_ptxas_version(90)  # this process keys by it too
         _, key = early.submit(request)[0].result(timeout=600)
         runs = notes.read_text().splitlines()
         assert any("--version" in run for run in runs) and any("--version" not in run for run in runs)

@@ -25,6 +25,7 @@ Note: ember owns the Triton compile
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,8 +99,10 @@ class CompileRequest:
 # from these variables, which it does not declare. Inductor sets TRITON_PTXAS_PATH (torch's own
 # ptxas) in the process when it first compiles: a worker started before that kept Triton's
 # ptxas, so every kernel it compiled had another key than the launcher's, and the launcher
-# compiled each again, serially (a GPT-2 first call 3.6 s alone, 10.8 s after inductor's).
-# Requests carry these too, and a worker that is told another ptxas forgets the version it read.
+# compiled each again, serially (a GPT-2 first call 3.6 s alone, 10.8 s after inductor's). And
+# Triton reads the version once per process: the launcher's keys kept the version of the ptxas
+# named when it first compiled. Requests carry these variables; a worker told another ptxas, and
+# the launcher's process when they changed, read its version again.
 TOOL_VARIABLES = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_LIBDEVICE_PATH")
 
 
@@ -115,6 +118,7 @@ def triton_settings() -> tuple[tuple[tuple[str, Any], ...], str, tuple[tuple[str
     libdevice = triton.knobs.nvidia.libdevice_path  # set as a knob (inductor does), not only in the environment
     if libdevice:
         tools["TRITON_LIBDEVICE_PATH"] = libdevice
+    _read_tools_again_if_changed(tools)
     environment = tuple(sorted({**get_cache_invalidating_env_vars(), **tools}.items()))
     return options, os.path.abspath(triton.knobs.cache.dir), environment
 
@@ -182,6 +186,21 @@ def _apply_environment(wanted: dict[str, str]) -> None:
     os.environ.update(wanted)
     if tools_before != {name: os.environ.get(name) for name in TOOL_VARIABLES}:
         _forget_tool_versions()
+
+
+_tools_seen: dict[str, str] | None = None
+_tools_lock = threading.Lock()
+
+
+def _read_tools_again_if_changed(tools: dict[str, str]) -> None:
+    """This process keys its own compiles by the ptxas version Triton read first, whichever ptxas
+    the environment names now; where the tools changed since this process last asked (or it
+    never asked), Triton reads the version again, so its keys and its workers' agree."""
+    global _tools_seen
+    with _tools_lock:
+        if tools != _tools_seen:
+            _forget_tool_versions()
+            _tools_seen = dict(tools)
 
 
 def _forget_tool_versions() -> None:
