@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import linecache
+import logging
 import sys
 import threading
 import types
@@ -54,6 +55,8 @@ from ember.runtime.triton_compile import (
     triton_settings,
 )
 from ember.runtime.triton_pool import CompilePool
+
+log = logging.getLogger("ember.runtime")
 
 LIBDEVICE_IMPORT = "from triton.language.extra import libdevice"
 INTERPRETED_IMPORT = "from ember.runtime.triton_libdevice import interpreted_libdevice as libdevice"
@@ -415,9 +418,15 @@ class TritonLauncher:
         else:
             wait([pending], timeout=POOL_WAIT_S)  # a failure (or a stuck worker): compiled (and raised) here
         try:
-            return loaded(compile_kernel(getattr(self.module, request.function), request))
+            kernel = compile_kernel(getattr(self.module, request.function), request)
         except Exception as e:
             raise RuntimeError(f"runtime: Triton kernel {request.kernel} failed: {type(e).__name__}: {e}") from e
+        if pending is not None and pending.done() and pending.exception() is None:
+            _, worker_key = pending.result()
+            if worker_key != str(kernel.hash):  # the pool's work was lost (Note: the tools that key Triton's cache)
+                metrics.add(triton_pool_key_mismatches=1)
+                log.debug("Triton kernel %s: the compile worker's cache key is not this process's", request.kernel)
+        return loaded(kernel)
 
     def trial(self, config: LaunchConfig, args: tuple, target: tuple[str, int, int]) -> Callable[[], None]:
         """A launch of `config` on `args` (compiled now), as a benchmark repeats it; changes
