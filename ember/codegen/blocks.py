@@ -107,6 +107,7 @@ class BlockPlan:
     variants: tuple[str, ...]  # "pointwise", or "persistent" (a row in one block) and/or "looped"
     index_bits: int  # 32 or 64: the integer width of index math
     size_cap: int = 0  # 32-bit index math only while every size variable is at most this (Note: symbolic blocks)
+    persistent_row: int = 0  # the longest row the persistent variant may take, where the row is symbolic
 
     @property
     def launch(self) -> dict:
@@ -117,10 +118,14 @@ class BlockPlan:
         facts = {"variants": list(self.variants), "xnumel": bound(xnumel), "rnumel": bound(self.shape.rnumel)}
         if xextent is not xnumel and bound(xextent) > bound(xnumel):  # Note: nested reductions
             facts["xextent"] = bound(xextent)
-        if isinstance(xnumel, UOp):
-            from ember.uop.variables import python_source
+        from ember.uop.variables import python_source
 
+        if isinstance(xnumel, UOp):
             facts["grid_numel"] = python_source(xnumel)
+        if isinstance(xextent, UOp) and xextent is not xnumel:
+            facts["xextent_source"] = python_source(xextent)
+        if isinstance(self.shape.rnumel, UOp):  # Note: size classes, runtime/triton_sized.py
+            facts |= {"rnumel_source": python_source(self.shape.rnumel), "persistent_row": self.persistent_row}
         if self.size_cap:
             facts["size_cap"] = self.size_cap
         return facts
@@ -131,12 +136,13 @@ def plan_blocks(sink: UOp, limits: BlockLimits) -> BlockPlan:
     shape = scan_kernel_shape(sink) if scan else kernel_shape(sink)
     if shape.pointwise:
         variants: tuple[str, ...] = ("pointwise",)
-    else:  # a symbolic row is persistent only where its bound fits a block (Note: symbolic blocks)
+    else:  # a symbolic row: persistent for the calls whose row fits a block (Note: symbolic blocks)
         longest = limits.persistent_scan_row if scan else limits.persistent_row
-        variants = (("persistent",) if bound(shape.rnumel) <= longest else ()) + ("looped",)
+        variants = (("persistent",) if lowest(shape.rnumel) <= longest else ()) + ("looped",)
     bits = index_bits(sink, shape, limits)
     cap = narrow_size_cap(sink, shape, limits) if bits == 64 else 0
-    return BlockPlan(shape, variants, 32 if cap else bits, cap)
+    row = longest if "persistent" in variants and isinstance(shape.rnumel, UOp) else 0
+    return BlockPlan(shape, variants, 32 if cap else bits, cap, row)
 
 
 def kernel_shape(sink: UOp) -> KernelShape:
@@ -197,6 +203,11 @@ def largest(extents: list[int | UOp]) -> int | UOp:
 def bound(extent: int | UOp) -> int:
     """An extent's value, or a symbolic one's upper bound (what the launcher sizes blocks by)."""
     return extent if isinstance(extent, int) else int(extent.vmax)
+
+
+def lowest(extent: int | UOp) -> int:
+    """An extent's value, or a symbolic one's lower bound."""
+    return extent if isinstance(extent, int) else int(extent.vmin)
 
 
 def index_bits(sink: UOp, shape: KernelShape, limits: BlockLimits) -> int:
