@@ -51,6 +51,7 @@ from ember.runtime.triton import (
 
 # (x extent bits, row length bits, past the size cap): a call's size class
 SizeClass = tuple[int, int, bool]
+REMEMBERED_SIZES = 1024  # the most distinct sizes a launcher keeps the grid and class of
 
 
 @dataclass
@@ -90,30 +91,52 @@ class SizedTritonLauncher(TritonLauncher):
         super().__init__(module, name, variants, xnumel, rnumel, written, interpret, **launch)
         assert self.signature is not None, "runtime: a symbolic Triton kernel needs its argument types"
         self.size_arguments = range(variables_at, variables_at + len(variables))
+        self.first, self.stop = variables_at, variables_at + len(variables)
         self.size_cap, self.persistent_row = size_cap, persistent_row
         self.symbolic_row = bool(rnumel_source)
         row: int | str = rnumel_source or rnumel or 1
         self.classify = size_classifier(variables, grid_numel or str(xnumel), xextent_source, row, size_cap)
         self.pointers = tuple(i for i, kind in enumerate(self.signature) if kind.startswith("*"))
+        # the buffers come first, then the sizes, then the error flags
+        self.leading_pointers = all(i in self.pointers for i in range(variables_at))
+        self.trailing_pointers = tuple(i for i in self.pointers if i >= self.size_arguments.stop)
         self.classes: dict[SizeClass, SizeClassLaunch] = {}
+        self.by_sizes: dict[tuple, tuple[int, SizeClassLaunch]] = {}  # a call's sizes -> (grid, its class)
 
     def __call__(self, *args: Any) -> None:
-        x, key = self.classify(*args[self.size_arguments.start : self.size_arguments.stop])
-        sized = self.classes.get(key)
-        if sized is None:
-            sized = self.configure_class(key, args)
+        found = self.by_sizes.get(args[self.first : self.stop])
+        if found is None:
+            found = self.remember(args)
+        grid, sized = found
         if self.interpret:
             self.launch(sized.config, args)
             return
         combined = 0  # Note: the fast launch (runtime/triton.py)
-        for i in self.pointers:
-            combined |= args[i].data_ptr()
+        if self.leading_pointers:  # (the common case: no seed among the buffers)
+            for a in args[: self.first]:
+                combined |= a.data_ptr()
+            for i in self.trailing_pointers:
+                combined |= args[i].data_ptr()
+        else:
+            for i in self.pointers:
+                combined |= args[i].data_ptr()
         direct = sized.direct_aligned if not combined & 15 else None
         if direct is None:
             direct = self.class_direct_for(sized, args)
         launch, function, head = direct
-        grid = (x + sized.config.xblock - 1) // sized.config.xblock
         launch(grid, 1, 1, self.current_stream(self.stream_device), function, *head, *args, *sized.constexprs)
+
+    def remember(self, args: tuple) -> tuple[int, SizeClassLaunch]:
+        """The grid and size class of a call's sizes, kept for the next call with the same sizes
+        (a pure function of them, so threads writing one entry write the same value)."""
+        sizes = args[self.first : self.stop]
+        x, key = self.classify(*sizes)
+        sized = self.classes.get(key) or self.configure_class(key, args)
+        found = ((x + sized.config.xblock - 1) // sized.config.xblock, sized)
+        if len(self.by_sizes) >= REMEMBERED_SIZES:
+            self.by_sizes.clear()  # (a generate loop meets a new length at every step)
+        self.by_sizes[sizes] = found
+        return found
 
     def class_direct_for(self, sized: SizeClassLaunch, args: tuple) -> tuple:
         """The direct launch of the class's kernel for these pointer alignments, compiled at its
@@ -167,23 +190,22 @@ class SizedTritonLauncher(TritonLauncher):
         if self.interpret or not self.autotune:
             return options[0]
         x, r = self.class_sizes(key)
-        if x * max(1, r) <= TINY_KERNEL_ELEMENTS:
+        if x * max(1, r) <= TINY_KERNEL_ELEMENTS:  # launch-bound: the default, compiled at load
             default = self.default_config()
-            serves = default.variant != "persistent" or default.rblock >= r
-            return default if serves else options[0]
-        if len(options) == 1:
-            return options[0]
+            if default.variant != "persistent" or default.rblock >= r:
+                return default
+            options = options[:1]
         target, device_name = self.device_of(args)
-        winner = self.recorded_winner(device_name, key)
-        if winner in options:
-            return winner
+        if len(options) > 1:
+            winner = self.recorded_winner(device_name, key)
+            options = [winner] if winner in options else options
         self.compile_ahead(options, args, target, key[2])
-        return self.timed_winner(options, args, target, device_name, key)
+        return options[0] if len(options) == 1 else self.timed_winner(options, args, target, device_name, key)
 
     def compile_ahead(self, options: list[LaunchConfig], args: tuple, target: tuple[str, int, int],
                       wide: bool) -> None:  # fmt: skip
-        """Hands the candidates of a new class to the compile pool at once, so they compile in
-        parallel (those compiled at load are found there) before the timing launches them."""
+        """Hands a new class's configurations to the compile pool at once, so they compile in
+        parallel (those compiled at load are found there) before a launch needs them."""
         if self.pool is None:
             return
         aligned = tuple(i not in self.pointers or args[i].data_ptr() % 16 == 0 for i in range(len(args)))
@@ -193,11 +215,11 @@ class SizedTritonLauncher(TritonLauncher):
     # ---- what the base launcher asks per call ------------------------------------------------
 
     def grid_of(self, config: LaunchConfig, args: tuple) -> int:
-        x, _ = self.classify(*args[self.size_arguments.start : self.size_arguments.stop])
+        x, _ = self.classify(*args[self.first : self.stop])
         return (x + config.xblock - 1) // config.xblock
 
     def wide_for(self, args: tuple) -> bool:
-        return self.classify(*args[self.size_arguments.start : self.size_arguments.stop])[1][2]
+        return self.classify(*args[self.first : self.stop])[1][2]
 
     def interpreted(self, args: tuple) -> tuple:
         from ember.runtime.triton_libdevice import interpreted_size
