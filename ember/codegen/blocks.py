@@ -43,13 +43,13 @@ Note: symbolic blocks
     strides; block lowering uses them as UOps where it used constants, and every lane is masked
     by them as it is by a static extent. The kernel takes each variable it reads as an int64
     argument after its buffers, never specialized (renderer/triton_module.py), so one compiled
-    kernel serves every shape. The launcher sizes blocks by each extent's upper bound (blocks
-    are never larger than a static kernel's for a large size) and computes the grid at every
-    call from the x extent's Python source over the variables (`BlockPlan.launch`); its launch
-    configuration is chosen once, by timing at the first call's sizes (Note: bounded tuning,
-    runtime/triton.py), and serves every shape after (no retuning per shape). A symbolic
-    row is persistent only where its bound fits one block; otherwise only the looped variant
-    exists. Index math is 32-bit where the variables' bounds keep every value within int32
+    kernel serves every shape. The launcher computes the grid at every call from the x extent's
+    Python source over the variables (`BlockPlan.launch`) and keeps a launch configuration per
+    size class of its calls (Note: size classes, runtime/triton_sized.py), chosen as a static
+    kernel's is at the class's largest sizes. A symbolic row's kernel has both variants while
+    its lower bound fits a block (`persistent_row`): the launcher takes persistent blocks for the
+    classes whose rows fit one and the looped variant for longer rows, from one module.
+    Index math is 32-bit where the variables' bounds keep every value within int32
     (`index_bits`); dynamo's sizes are unbounded, so for their kernels codegen finds the largest
     power of two C (`narrow_size_cap`) such that every index fits while each size is at most C,
     and the module has each variant twice: with 32-bit index math (sizes cast to int32 on

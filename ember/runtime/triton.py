@@ -8,7 +8,8 @@ wrapper loads, its configurations go to the compile pool (runtime/triton_pool.py
 call it picks a launch configuration (variant, block sizes, warps), from the tuning record
 stored beside the module or by timing a few candidates (Note: bounded tuning), and then launches
 the kernel ember compiled (runtime/triton_compile.py) on the current stream with a grid computed
-from the x extent.
+from the x extent. A symbolic kernel's launcher (runtime/triton_sized.py) is a `TritonLauncher`
+that chooses per size class of its calls.
 
 Under the interpreter (`TRITON_INTERPRET=1`, CPU tensors; how CI runs the Triton path)
 the module imports a numpy libdevice (runtime/triton_libdevice.py) and the configuration
