@@ -44,7 +44,7 @@ def noop_launch(*args: Any) -> None:
 def without_cuda(module: types.ModuleType) -> None:
     """Patches a runtime/triton module so that a launcher's first call compiles nothing and
     its launches call `noop_launch`."""
-    module.stream_getter = lambda: (lambda device: 0)  # type: ignore[attr-defined]
+    module.stream_getter = lambda: lambda device: 0  # type: ignore[attr-defined]
     module.raw_stream = lambda device: 0  # type: ignore[attr-defined]
     module.torch_cuda_current_device = lambda: 0  # type: ignore[attr-defined]
     module.device_facts = lambda device: (TARGET, "stand-in")  # type: ignore[attr-defined]

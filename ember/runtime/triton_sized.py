@@ -74,7 +74,8 @@ def size_classifier(variables: list[str], x_source: str, xextent_source: str, rn
     extent = f"({xextent_source})" if xextent_source else "x"
     row = f"(({rnumel}) - 1).bit_length()" if isinstance(rnumel, str) else str(max(0, rnumel - 1).bit_length())
     wide = " or ".join(f"{v} > {size_cap}" for v in variables) if size_cap else "False"
-    source = f"def classify({', '.join(variables)}):\n    x = {x_source}\n    return x, (({extent} - 1).bit_length(), {row}, {wide})\n"
+    source = (f"def classify({', '.join(variables)}):\n    x = {x_source}\n"
+              f"    return x, (({extent} - 1).bit_length(), {row}, {wide})\n")  # fmt: skip
     namespace: dict[str, Any] = {"max": max, "min": min}
     exec(compile(source, "<ember size classes>", "exec"), namespace)  # noqa: S102
     return namespace["classify"]
@@ -236,4 +237,3 @@ class SizedTritonLauncher(TritonLauncher):
 def launcher_type(launch: dict) -> type[TritonLauncher]:
     """The launcher class for a kernel's launch facts: sized where it takes size variables."""
     return SizedTritonLauncher if launch.get("variables") else TritonLauncher
-

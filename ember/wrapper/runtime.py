@@ -19,8 +19,8 @@ from ember.runtime.cpu import load_cached_kernel as load_kernel
 from ember.runtime.memory import empty_large
 from ember.runtime.search import search_cpu_kernel
 from ember.runtime.triton import TritonLauncher, import_module
-from ember.runtime.triton_sized import launcher_type
 from ember.runtime.triton_pool import compile_pool
+from ember.runtime.triton_sized import launcher_type
 
 # Note: profiler ranges. Under torch.profiler, each kernel and extern call of a wrapper runs in
 # its own named range (`ember kernel_3: gelu, mul, sum`). A wrapper carries the source of that
