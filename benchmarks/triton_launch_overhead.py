@@ -1,7 +1,7 @@
 """The CPU cost of one Triton kernel launch as the wrapper makes it (Note: the fast launch,
 ember/runtime/triton.py; Note: size classes, ember/runtime/triton_sized.py), without a GPU.
 
-    python -m benchmarks.triton_launch_overhead [--against REV] [--calls 200000] [--rounds 7]
+    python -m benchmarks.triton_launch_overhead [--against REV] [--calls 200000] [--rounds 7] [--only NAME]
 
 Launchers of a static kernel and of a symbolic one (three buffers; the symbolic one also two
 sizes, a grid computed per call and a size cap) are built as the wrapper builds them, with the
@@ -9,7 +9,9 @@ launch itself a Python no-op and no CUDA: what is timed is ember's Python per ca
 thread that feeds the GPU. With `--against REV` the launchers of ember/runtime/triton.py at git
 revision REV (loaded from `git show`, beside this checkout's) are timed too, interleaved with
 this checkout's in one process, minimum over rounds. Prints nanoseconds per call and the load
-average.
+average. On a busy machine count instructions instead: run `valgrind --tool=cachegrind
+--cache-sim=no python -m benchmarks.triton_launch_overhead --against REV --rounds 1 --only NAME`
+with `--calls 0` and `--calls N`; the difference of the two totals over N is the count per call.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ def main() -> None:
     parser.add_argument("--against", default="", help="a git revision whose launchers are timed too")
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--only", default="", help="time only this launcher (for instruction counts under valgrind)")
     args = parser.parse_args()
     from ember.runtime import triton as runtime
 
@@ -108,6 +111,8 @@ def main() -> None:
         without_cuda(old)
         launchers[f"static@{args.against}"] = (static_launcher(old), buffers)
         launchers[f"symbolic@{args.against}"] = (symbolic_launcher(old, sized=False), (*buffers, *SIZES))
+    if args.only:
+        launchers = {args.only: launchers[args.only]}
     best = {name: float("inf") for name in launchers}
     for _ in range(args.rounds):
         for name, (launcher, call_args) in launchers.items():
