@@ -95,6 +95,46 @@ def test_errors_stay_with_their_calls_under_stress():
     reason="before torch 2.13 dynamo's compiling flag is off between its compiles, so torch raises its "
     "nested-FX-trace error in the other thread, before ember runs (README: Threads)",
 )
+@interpreter_only
+@pytest.mark.parametrize("backend", ["triton"], indirect=True)
+def test_gpu_error_flags_are_lent_again_zeroed_and_per_thread(backend):
+    """Note: error flags lent per thread (the interpreter's rows live on the CPU): a thread's calls
+    borrow one flag set, zeroed after a call whose kernels reported an error, so the next valid
+    call raises nothing; threads alternating valid and bad indices, their calls interleaved, each
+    get their own outcomes from sets of their own. (Calls overlapping in time, each reading only its
+    own rows: test_each_call_reads_only_its_own_kernel_errors.)"""
+    import ember
+
+    weight, good, bad = torch.randn(10, 4), torch.tensor([1, 9, 3]), torch.tensor([1, 10, 3])
+    fn = compile_fn(embed_twice)
+    want = embed_twice(weight, good)
+    torch.testing.assert_close(fn(weight, good), want)
+    made = ember.metrics.gpu_error_flag_sets  # 1, or 0 where this thread's earlier test left one
+    assert made <= 1
+    for _ in range(4):
+        with pytest.raises(IndexError, match="index 10"):
+            fn(weight, bad)
+        torch.testing.assert_close(fn(weight, good), want)
+    assert ember.metrics.gpu_error_flag_sets == made
+    wrong, interpreter = [], threading.Lock()  # Triton's interpreter runs one kernel at a time
+
+    def worker(i):
+        for call in range(12):
+            valid = (call + i) % 2 == 0
+            try:
+                with interpreter:
+                    got = fn(weight, good if valid else bad)
+                if not torch.equal(got, want) or not valid:
+                    wrong.append((i, call, "rows"))
+            except IndexError:
+                if valid:
+                    wrong.append((i, call, "IndexError"))
+
+    run_threads(worker, 4)
+    assert not wrong, wrong
+    assert ember.metrics.gpu_error_flag_sets <= made + 4  # at most one more per thread
+
+
 def test_a_call_while_another_thread_traces_a_graph_runs_compiled(monkeypatch):
     """AOTAutograd's trace sets torch.fx's process-wide tracing flag, under which dynamo refuses
     to run a compiled function ("FX to symbolically trace a dynamo-optimized function"); since

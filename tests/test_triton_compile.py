@@ -131,7 +131,58 @@ def test_the_pool_compiles_in_parallel_workers_into_the_given_triton_cache(modul
     assert len([p for p in cache.iterdir() if p.is_dir()]) >= 3  # an entry per configuration (and the launcher's)
     assert len(pool.worker_pids()) == 2
     # one C launcher per list of argument types: asked of the first request only
-    assert [f.result() for f in futures].count("compiled") == 2
+    assert [f.result()[0] for f in futures].count("compiled") == 2
+
+
+def recording_ptxas(tmp_path: Path) -> tuple[Path, Path]:
+    """Triton's ptxas behind a script that notes each run in a file and adds a line to the
+    version it reports (so Triton keys its cache differently): (the script, the notes)."""
+    import triton
+
+    real = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    notes = tmp_path / "ptxas-runs.txt"
+    script = tmp_path / "bin" / "ptxas"
+    script.parent.mkdir()
+    script.write_text(f'#!/bin/sh\necho "$@" >> "{notes}"\n'
+                      f'if [ "$1" = "--version" ]; then "{real}" --version; echo "(the test\'s ptxas)"; exit 0; fi\n'
+                      f'exec "{real}" "$@"\n')  # fmt: skip
+    script.chmod(0o755)
+    return script, notes
+
+
+def test_a_ptxas_chosen_after_the_workers_started_is_the_one_they_use(modules, tmp_path, monkeypatch):
+    """Note: the tools that key Triton's cache. Inductor points TRITON_PTXAS_PATH at torch's
+    ptxas once it compiles, after ember's workers may have started; ptxas's version is in
+    Triton's cache key, so a worker still on Triton's ptxas compiled kernels under keys the
+    launcher's own compile never finds. Requests carry the variable, and a worker that read one
+    ptxas's version reads the new one's: its key is the one a worker started under the new
+    ptxas gets; this process reads it again too (it would key its own compile by the old one)."""
+    from triton.backends.nvidia import compiler
+
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    triton_settings()
+    assert "(the test's ptxas)" not in compiler.get_ptxas_version(90)  # Triton's ptxas, read once
+    early, late = CompilePool(1), None
+    try:
+        warm, _ = early.submit(request_for(modules["kernels"], "good_pointwise", 128, tmp_path / "triton"))
+        assert warm.exception(timeout=600) is None  # this worker has read Triton's ptxas's version
+        script, notes = recording_ptxas(tmp_path)
+        monkeypatch.setenv("TRITON_PTXAS_PATH", str(script))
+        request = request_for(modules["kernels"], "good_pointwise", 256, tmp_path / "triton")
+        assert ("TRITON_PTXAS_PATH", str(script)) in request.environment
+        assert "(the test's ptxas)" in compiler.get_ptxas_version(90)  # this process keys by it too
+        _, key = early.submit(request)[0].result(timeout=600)
+        runs = notes.read_text().splitlines()
+        assert any("--version" in run for run in runs) and any("--version" not in run for run in runs)
+        late = CompilePool(1)  # started under the new ptxas, compiling into a cache of its own
+        _, expected = late.submit(request_for(modules["kernels"], "good_pointwise", 256, tmp_path / "other"))[0].result(
+            timeout=600
+        )
+        assert key == expected
+    finally:
+        early.shutdown()
+        if late is not None:
+            late.shutdown()
 
 
 def test_a_failing_compile_names_its_kernel_and_the_pool_goes_on(modules, pool, tmp_path):

@@ -70,10 +70,14 @@ from ember.uop.ops import Ops, UOp
 
 @dataclass(frozen=True)
 class BlockLimits:
-    """What a block backend can hold (its capabilities; codegen decides from them)."""
+    """What a block backend can hold (its capabilities; codegen decides from them), and the choices
+    config makes for its codegen."""
 
     persistent_row: int = 16384  # the longest row a persistent variant keeps in one block (registers)
     persistent_scan_row: int = 4096  # the same for a scan, which keeps more per element
+    # where a looped exp sum takes its maximum from: "row", "lane" or "off" (Note: a row's exponential
+    # sum in one pass, codegen/online_softmax.py; config.online_exp_sums)
+    exp_sum_maximum: str = "row"
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,7 @@ class BlockPlan:
     variants: tuple[str, ...]  # "pointwise", or "persistent" (a row in one block) and/or "looped"
     index_bits: int  # 32 or 64: the integer width of index math
     size_cap: int = 0  # 32-bit index math only while every size variable is at most this (Note: symbolic blocks)
+    exp_sum_maximum: str = "row"  # BlockLimits.exp_sum_maximum
     persistent_row: int = 0  # the longest row the persistent variant may take, where the row is symbolic
 
     @property
@@ -142,7 +147,7 @@ def plan_blocks(sink: UOp, limits: BlockLimits) -> BlockPlan:
     bits = index_bits(sink, shape, limits)
     cap = narrow_size_cap(sink, shape, limits) if bits == 64 else 0
     row = longest if "persistent" in variants and isinstance(shape.rnumel, UOp) else 0
-    return BlockPlan(shape, variants, 32 if cap else bits, cap, row)
+    return BlockPlan(shape, variants, 32 if cap else bits, cap, limits.exp_sum_maximum, row)
 
 
 def kernel_shape(sink: UOp) -> KernelShape:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import linecache
+import logging
 import sys
 import threading
 import types
@@ -55,6 +56,8 @@ from ember.runtime.triton_compile import (
     triton_settings,
 )
 from ember.runtime.triton_pool import CompilePool
+
+log = logging.getLogger("ember.runtime")
 
 LIBDEVICE_IMPORT = "from triton.language.extra import libdevice"
 INTERPRETED_IMPORT = "from ember.runtime.triton_libdevice import interpreted_libdevice as libdevice"
@@ -171,7 +174,10 @@ def candidates(variants: list[str], xnumel: int, rnumel: int, interpret: bool) -
         found += [LaunchConfig("looped", 1, min(rcap, 2048), 8), LaunchConfig("looped", 1, min(rcap, 1024), 4)]
         if xnumel >= 64:  # many short rows or columns: several rows per program
             found += [LaunchConfig("looped", min(8, xcap), min(rcap, 256), 8),
-                      LaunchConfig("looped", min(32, xcap), min(rcap, 64), 4)]  # fmt: skip
+                      LaunchConfig("looped", min(32, xcap), min(rcap, 64), 4),
+                      # a (rows, 16) column sum's partials: a chunk's 16 columns, 128 rows a step, one
+                      # contiguous 8 KiB read in 16-byte loads (Triton orders the block x-major)
+                      LaunchConfig("looped", min(16, xcap), min(rcap, 128), 4)]  # fmt: skip
     return list(dict.fromkeys(found))
 
 
@@ -392,9 +398,15 @@ class TritonLauncher:
         else:
             wait([pending], timeout=POOL_WAIT_S)  # a failure (or a stuck worker): compiled (and raised) here
         try:
-            return loaded(compile_kernel(getattr(self.module, request.function), request))
+            kernel = compile_kernel(getattr(self.module, request.function), request)
         except Exception as e:
             raise RuntimeError(f"runtime: Triton kernel {request.kernel} failed: {type(e).__name__}: {e}") from e
+        if pending is not None and pending.done() and pending.exception() is None:
+            _, worker_key = pending.result()
+            if worker_key != str(kernel.hash):  # the pool's work was lost (Note: the tools that key Triton's cache)
+                metrics.add(triton_pool_key_mismatches=1)
+                log.debug("Triton kernel %s: the compile worker's cache key is not this process's", request.kernel)
+        return loaded(kernel)
 
     def trial(self, config: LaunchConfig, args: tuple, target: tuple[str, int, int]) -> Callable[[], None]:
         """A launch of `config` on `args` (compiled now), as a benchmark repeats it; changes
