@@ -78,6 +78,10 @@ class Metrics:
     triton_wide_index_launches: int = 0
     triton_kernels_tuned: int = 0  # kernels whose candidate configurations were timed at their first call
     triton_configs_timed: int = 0  # candidate configurations those timings ran
+    # size classes symbolic kernels' calls met, each given a configuration of its own, and those
+    # configurations by variant (Note: size classes, runtime/triton_sized.py)
+    triton_size_classes: int = 0
+    triton_size_class_variants: Counter = field(default_factory=Counter)
 
     def add(self, **amounts: float) -> None:
         """Add to counters by name, e.g. `metrics.add(kernel_searches=1)`."""

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import ember
 from ember.wrapper import runtime as wrapper_runtime
 from tests.helpers import compile_fn, run_threads
 
@@ -274,6 +275,56 @@ def test_racing_first_calls_choose_a_configuration_once(stand_in_launcher, monke
 
     run_threads(worker, 4)
     assert len(entered) == 1, f"chosen by {entered}"
+
+
+def sized_stand_in_launcher(monkeypatch):
+    """A symbolic pointwise kernel's launcher (Note: size classes) over the stand-in module of
+    `stand_in_launcher`: x extent s0 * s1, one buffer, then the sizes."""
+    from ember.runtime.triton_sized import SizedTritonLauncher
+
+    module = type("StandInModule", (), {"k_pointwise": object(), "_sha256": "0" * 64})
+    return SizedTritonLauncher(module, "k", ["pointwise"], 2**62, 0, [0], interpret=False, autotune=False,
+                               arguments=["*float32", "int64", "int64"], variables=["s0", "s1"], variables_at=1,
+                               grid_numel="s0*s1")  # fmt: skip
+
+
+def test_a_symbolic_kernel_launches_each_size_class_with_its_own_blocks(stand_in_launcher, monkeypatch):
+    """Note: size classes. The fast path runs each call with its class's block sizes and a grid
+    of its own sizes; a call in a class met before chooses and compiles nothing new."""
+    _, runs = stand_in_launcher
+    launcher = sized_stand_in_launcher(monkeypatch)
+    t = torch.zeros(8)
+    for sizes in ((2, 3), (64, 100), (3, 2), (64, 100)):
+        launcher(t, *sizes)
+    assert [(grid, blocks) for grid, blocks, _ in runs] == [(1, (8,)), (7, (1024,)), (1, (8,)), (7, (1024,))]
+    assert all(blocks == compiled_for for _, blocks, compiled_for in runs)
+    assert len(launcher.classes) == 2 and ember.metrics.triton_size_classes == 2
+
+
+def test_racing_first_calls_of_a_size_class_choose_its_configuration_once(stand_in_launcher, monkeypatch):
+    from ember.runtime.triton_sized import SizedTritonLauncher
+
+    launcher = sized_stand_in_launcher(monkeypatch)
+    choose, entered, second = SizedTritonLauncher.choose_for_class, [], threading.Event()
+
+    def slow_choose(self, key, args):
+        entered.append(threading.current_thread().name)
+        if len(entered) == 1:
+            second.wait(2)  # would another thread come in meanwhile?
+        else:
+            second.set()
+        return choose(self, key, args)
+
+    monkeypatch.setattr(SizedTritonLauncher, "choose_for_class", slow_choose)
+    start = threading.Barrier(4, timeout=60)
+
+    def worker(i):
+        start.wait()
+        launcher(torch.zeros(8), 2, 3 + i % 2)  # (two sizes, one class)
+
+    run_threads(worker, 4)
+    assert len(entered) == 1, f"chosen by {entered}"
+    assert ember.metrics.triton_size_classes == 1
 
 
 # ---- UOp interning and metrics ---------------------------------------------------------------

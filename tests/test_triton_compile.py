@@ -256,6 +256,53 @@ def test_a_recorded_winner_is_the_only_configuration_compiled(tmp_path):
     assert len(kernel.tuning_plan("gpu")) > 1
 
 
+def sized_launcher(tmp_path, variants, rnumel_source="", rnumel=768) -> TritonLauncher:
+    """A symbolic kernel's launcher (Note: size classes): x extent s0*s1*768, a row of
+    `rnumel_source` (symbolic) or `rnumel`, three buffers and the sizes s0, s1."""
+    from ember.runtime.triton_sized import SizedTritonLauncher
+
+    facts = {"grid_numel": "s0*s1*768", "variables": ["s0", "s1"], "variables_at": 3, "size_cap": 512}
+    if rnumel_source:
+        facts |= {"rnumel_source": rnumel_source, "persistent_row": 16384}
+    return SizedTritonLauncher(StandInModule(tmp_path), "k", variants, 2**62, 2**62 if rnumel_source else rnumel,
+                               [0], interpret=False, arguments=["*float32"] * 3 + ["int64"] * 2, **facts)  # fmt: skip
+
+
+def test_a_symbolic_kernel_chooses_a_configuration_per_size_class(tmp_path, monkeypatch):
+    """Note: size classes. Calls are classed by the powers of two of their x extent and row and by
+    the size cap; a tiny class takes the kernel's default (compiled at load), a large one the
+    winner recorded for that class (without timing), a short symbolic row persistent blocks and a
+    long one looped."""
+    from dataclasses import asdict
+
+    from ember.runtime.cache import write_entry
+
+    monkeypatch.setattr(triton_runtime, "device_facts", lambda device: (TARGET, "gpu"))
+    monkeypatch.setattr(triton_runtime, "torch_cuda_current_device", lambda: 0)
+    monkeypatch.setattr(TritonLauncher, "benchmark", lambda *args: pytest.fail("timed a recorded class"))
+    buffers = tuple(torch.empty(8) for _ in range(3))
+    pointwise = sized_launcher(tmp_path, ["pointwise"], rnumel=0)
+    small, large, past_cap = (pointwise.classify(*sizes)[1] for sizes in ((1, 37), (16, 100), (600, 2)))
+    assert small == (15, 0, False) and large == (21, 0, False) and past_cap[2] is True
+    assert pointwise.choose_for_class(small, (*buffers, 1, 37)) == pointwise.default_config()
+    options = pointwise.class_candidates(large)
+    assert len(options) > 1
+    record, key = pointwise.tuning_record("gpu", large)
+    write_entry(record, key, asdict(options[-1]))
+    assert pointwise.choose_for_class(large, (*buffers, 16, 100)) == options[-1]
+    assert pointwise.tuning_record("gpu", small)[0] != record  # one record per class
+
+    row = sized_launcher(tmp_path, ["persistent", "looped"], rnumel_source="s1")
+    short, long = row.classify(64, 16)[1], row.classify(2, 20000)[1]
+    assert {c.variant for c in row.class_candidates(short)} == {"persistent"}
+    assert {c.variant for c in row.class_candidates(long)} == {"looped"}
+    assert row.default_config().variant == "looped"  # (compiled at load: no row is too long for it)
+    for key, sizes in ((short, (64, 16)), (long, (2, 20000))):
+        record, record_key = row.tuning_record("gpu", key)
+        write_entry(record, record_key, asdict(row.class_candidates(key)[0]))
+        assert row.choose_for_class(key, (*buffers, *sizes)).variant == ("persistent" if key == short else "looped")
+
+
 def test_precompile_hands_the_plan_to_the_pool_and_counts_it(tmp_path, monkeypatch):
     submitted = []
 

@@ -506,6 +506,11 @@ def bounds(u: UOp) -> tuple[int | float, int | float]:
         return (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
     if u.op in COMPARISON_OPS or u.dtype.is_bool:
         return (0, 1)
+    if u.op is Ops.CHECK:  # the value it passes on (an index clamped in range: Note: kernel errors)
+        return s[0]
+    if u.op is Ops.CAST and u.dtype.is_int and u.src[0].dtype.is_int | u.src[0].dtype.is_bool:
+        if u.dtype.min <= s[0][0] and s[0][1] <= u.dtype.max:  # a cast that changes no value in range
+            return s[0]
     return (u.dtype.min, u.dtype.max)
 
 

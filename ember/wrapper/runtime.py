@@ -21,6 +21,7 @@ from ember.runtime.memory import empty_large
 from ember.runtime.search import search_cpu_kernel
 from ember.runtime.triton import TritonLauncher, import_module
 from ember.runtime.triton_pool import compile_pool
+from ember.runtime.triton_sized import launcher_type
 
 # Note: profiler ranges. Under torch.profiler, each kernel and extern call of a wrapper runs in
 # its own named range (`ember kernel_3: gelu, mul, sum`). A wrapper carries the source of that
@@ -126,7 +127,7 @@ def load_triton_kernel(root: str, relative: str, sha256: str, name: str, device:
     and the module's checksum (Note: cache safety). On a CUDA `device` its configurations are
     compiled from now on, in the compile pool (Note: the compile pool, runtime/triton_pool.py)."""
     module = import_module(root, relative, sha256, launch["interpret"])
-    launcher = TritonLauncher(module, name, **launch, root=root, relative=relative)
+    launcher = launcher_type(launch)(module, name, **launch, root=root, relative=relative)
     if device is not None and device.type == "cuda" and not launch["interpret"]:
         index = device.index if device.index is not None else torch.cuda.current_device()
         launcher.precompile(index, compile_pool(load_config().compile_threads))  # (the size: if made now)
