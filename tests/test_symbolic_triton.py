@@ -37,7 +37,7 @@ def _triton_backend(monkeypatch):
 
 def run_shapes(model, make_inputs, shapes, atol=1e-4):
     """`model` compiled with dynamic=True on the test device, run at every shape against float64
-    eager on the CPU; asserts that shapes after the first generate and compile no kernel."""
+    eager on the CPU; asserts that shapes after the first generate (and, on the CPU, compile) no kernel."""
     reference = _upcast(model)  # (before the model moves to the device)
     compiled = torch.compile(_on_device(model), backend="ember", dynamic=True)
     after_first = None
@@ -56,9 +56,13 @@ def _on_device(model):
     return model.to(DEVICE) if isinstance(model, torch.nn.Module) else model
 
 
-def _kernel_work() -> tuple[int, int, int]:
+def _kernel_work() -> tuple[int, ...]:
+    """Kernels generated and modules looked up; on the CPU also Triton compiles. On a GPU the first
+    call of a new size class may compile its configuration (Note: size classes,
+    runtime/triton_sized.py): that is a launch configuration of the same kernel, not a new one."""
     m = ember.metrics
-    return m.kernels_codegen, m.code_cache_misses + m.code_cache_hits, m.triton_compiles_in_process
+    work = (m.kernels_codegen, m.code_cache_misses + m.code_cache_hits)
+    return work if DEVICE == "cuda" else (*work, m.triton_compiles_in_process)
 
 
 def test_pointwise_and_reductions_over_many_shapes():
