@@ -93,7 +93,7 @@ def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], con
         if role in ("forward", "inference"):
             gm.meta[INPUTS_HELD] = True
         with collection_paused():
-            compiled = compile_symbolic(gm, example_inputs, config, role)
+            compiled = call_with_frame_room(compile_symbolic, gm, example_inputs, config, role)
         if not isinstance(compiled, str):
             return compiled
         record_fallback(compiled, role, config)
