@@ -11,6 +11,7 @@ kernels on CPU tensors under Triton's interpreter (how CI tests it).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import ember
@@ -60,7 +61,7 @@ class TritonBackend:
                  timings: dict[str, float]) -> GeneratedKernels:  # fmt: skip
         generated: dict[tuple, RenderedKernel] = {}  # Note: kernels generated once (compile_cpp.py)
         with stage("codegen", timings):
-            limits = self.capabilities.blocks or BlockLimits()
+            limits = replace(self.capabilities.blocks or BlockLimits(), exp_sum_maximum=config.online_softmax)
             rendered = {i: codegen_triton_kernel(s, limits, config.check_ir, generated)
                         for i, s in enumerate(steps) if has_work(s)}  # fmt: skip
         metrics.add(kernels_codegen=len(generated))

@@ -80,6 +80,11 @@ class Config:
     split_reductions: int = _flag(32768, "EMBER_SPLIT_REDUCTIONS", True,
                                   "Triton: reductions at least this long with few outputs are split over many "
                                   "programs (Note: split reductions); 0 never splits", minimum=0)  # fmt: skip
+    online_softmax: str = _flag("row", "EMBER_ONLINE_SOFTMAX", True,
+                                "Triton: a long row's sum of exp(x - max) is taken in its max's loop, relative to the "
+                                "row's running max (row) or each lane's (lane), so the row is read once; off: two "
+                                "passes (Note: a row's exponential sum in one pass)",
+                                choices=("row", "lane", "off"))  # fmt: skip
     # FX graph passes (ember/passes); with user hooks the graph cache is keyed by the graph after them
     passes: bool = _flag(True, "EMBER_PASSES", True, "run ember's FX graph passes (DCE, no-ops, conv rewrites)")
     conv_channels_last: bool = _flag(True, "EMBER_CONV_CHANNELS_LAST", True,

@@ -66,13 +66,22 @@ class Metrics:
     cuda_graph_skips: int = 0  # calls that ran without one (no recording fit, and no more may be made)
     cuda_graph_refusals: int = 0  # graphs that run without CUDA graphs, each with a warning naming why
     pooled_buffers_reused: int = 0  # large CPU buffers lent again from the pool (runtime/memory.py)
+    # error flag sets Triton calls' threads made; later calls borrow them (Note: error flags lent per thread)
+    gpu_error_flag_sets: int = 0
     # Triton on the GPU (Note: the compile pool, runtime/triton_pool.py; Note: bounded tuning, runtime/triton.py)
     triton_configs_precompiled: int = 0  # launch configurations handed to the compile pool when a wrapper loads
     triton_compiles_in_process: int = 0  # compiles the pool was not asked for (unaligned pointers, no signature)
+    # precompiled kernels whose worker compiled them under another cache key than the launcher's, so the
+    # launcher compiled them again (Note: the tools that key Triton's cache, runtime/triton_compile.py)
+    triton_pool_key_mismatches: int = 0
     # interpreter launches of a symbolic kernel past its size cap, with 64-bit index math (Note: symbolic blocks)
     triton_wide_index_launches: int = 0
     triton_kernels_tuned: int = 0  # kernels whose candidate configurations were timed at their first call
     triton_configs_timed: int = 0  # candidate configurations those timings ran
+    # size classes symbolic kernels' calls met, each given a configuration of its own, and those
+    # configurations by variant (Note: size classes, runtime/triton_sized.py)
+    triton_size_classes: int = 0
+    triton_size_class_variants: Counter = field(default_factory=Counter)
 
     def add(self, **amounts: float) -> None:
         """Add to counters by name, e.g. `metrics.add(kernel_searches=1)`."""

@@ -72,6 +72,8 @@ def test_policy_splits_few_long_reductions_into_aligned_chunks():
     assert policy.splits(1, 1000) is None  # short: one program is enough
     assert policy.splits(4096, 2**20) is None  # many outputs fill the GPU already
     assert policy.splits(1024, 2**15) is None  # several outputs a program, but short ones
+    count, chunk = policy.splits(16, 4 * 2**20)  # (4M, 16): 512 programs of 32 partials (2 chunks' columns)
+    assert count * 16 // 32 >= 512 and count * chunk == 4 * 2**20
     count, chunk = policy.splits(1024, 2**17)  # the column sums of a (131072, 1024) tensor
     assert count == 32 and count * chunk == 2**17
     assert SplitPolicy(0).splits(1, 2**30) is None  # 0 never splits
@@ -110,6 +112,21 @@ def test_few_outputs_split_rows_columns_and_mixed_dims(shape, dim):
     check(lambda x: (x.sum(dim), x.amax(dim), x.mean(dim, keepdim=True)), x, rtol=1e-4)
     check(lambda x: x.t().sum(0) if x.ndim == 2 else x.transpose(0, 2).sum((0, 2)), x)  # strided reads
     assert ember.metrics.fallback_calls == 0
+
+
+def test_skinny_column_sums_at_the_default_threshold(monkeypatch):
+    """The column sums of a (70003, 16) tensor: partials of 16 neighbouring columns over chunks of
+    rows, the last chunk past the end, in blocks of 32 partials (two chunks) as a GPU runs them."""
+    from tests.test_triton import force_launch
+
+    _split(32768)
+    if INTERPRETED:
+        force_launch(monkeypatch, "looped", 32, 64)
+    torch.manual_seed(0)
+    x = torch.randn(70003, 16) + 10
+    x[7, 3] = math.inf
+    check(lambda x: (x.sum(0), x.mean(0)), x)
+    assert ember.metrics.kernels_generated == 3  # the partials of both (one read), then each final
 
 
 def test_many_outputs_are_not_split():

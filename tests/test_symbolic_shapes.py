@@ -241,6 +241,34 @@ def test_padding_to_a_multiple_compiles_once():
     assert_compiled_once()
 
 
+@torch.library.custom_op("ember_test::row_sums_of_aligned_rows", mutates_args=())
+def row_sums_of_aligned_rows(x: torch.Tensor) -> torch.Tensor:
+    """A stand-in for CUDA's memory-efficient attention, which refuses a bias whose rows are not
+    16-byte aligned: eager pads the bias to a multiple of 8 and passes a slice of it."""
+    if x.stride(-2) % 8:
+        raise RuntimeError(f"rows not aligned: stride {x.stride(-2)}")
+    return x.sum(-1)
+
+
+@row_sums_of_aligned_rows.register_fake
+def _(x):
+    return x.new_empty(x.shape[:-1])
+
+
+def test_a_slice_of_a_padded_row_reaches_an_extern_in_eagers_strides():
+    """The slice [..., :s] of a row padded to s - s % 8 + 8 is a strided read of the padded
+    buffer whose row stride is that expression; the extern gets that view, as in eager, not a
+    copy with rows s apart (lower/values.py symbolic_affine_coefficients)."""
+    import torch.nn.functional as F
+
+    def f(x):
+        s = x.shape[-1]
+        return row_sums_of_aligned_rows(F.pad(x * 2, (0, 8 - s % 8))[..., :s])
+
+    check_shapes(f, lambda b, s: [torch.randn(b, s, s)], [(2, 11), (3, 13), (2, 21)])
+    assert_compiled_once()
+
+
 def test_mark_dynamic_on_one_dim():
     def f(x, w):
         return torch.nn.functional.gelu(x @ w).sum(-1)
@@ -371,6 +399,23 @@ def test_reshape_reads_fold_back_to_strided_reads():
     flat = b * 64 + c
     index = ((flat // (s1 * 64)) % s0) * (s1 * 64) + ((flat // 64) % s1) * 64 + flat % 64
     assert not any(u.op in (Ops.IDIV, Ops.MOD) for u in simplify(index).toposort)
+
+
+def test_a_read_across_padded_rows_is_a_strided_read():
+    """axis0 * (s - s % 8 + 8) + axis1 (a slice of rows padded to a multiple of 8) is a strided
+    read whose row stride is that expression, evaluating to the padded length at every s."""
+    from ember.lower.values import symbolic_affine_coefficients
+
+    s = variable("s", 2, 1 << 40)
+    eight = UOp.const(dtypes.index, 8)
+    padded = s - s % eight + eight
+    rows, columns = UOp.range(s, 0), UOp.range(s, 1)
+    found = symbolic_affine_coefficients(simplify(rows * padded + columns), {rows: 0, columns: 1})
+    assert found is not None
+    offset, strides = found
+    assert offset == 0 and strides[1] == 1
+    for n in (2, 7, 8, 11, 16, 250):
+        assert _evaluate(strides[0], {s: n}) == n - n % 8 + 8
 
 
 def test_element_forms_agree_at_symbolic_strides():

@@ -148,6 +148,23 @@ def test_training_forward_and_backward_compile_once():
     assert_compiled_once(graphs=2)  # the forward and the backward
 
 
+def test_a_kernel_gets_a_configuration_per_size_class():
+    """Note: size classes (ember/runtime/triton_sized.py). One softmax kernel over a symbolic row,
+    called at very different sizes: each size class (powers of two of the rows and of the row
+    length) gets its own configuration, persistent where the row fits a block and looped where
+    it does not; a call in a class met before chooses nothing."""
+    # (on the GPU a tiny class takes the kernel's default, looped: short rows there come many)
+    short, same_class, long = ((4, 16), (3, 13), (4, 300)) if DEVICE == "cpu" else ((8192, 16), (5000, 13), (4, 20000))
+
+    def f(x):
+        return torch.softmax(x, -1)
+
+    run_shapes(f, lambda n, m: [torch.randn(n, m)], [short, same_class, long])
+    assert ember.metrics.triton_size_classes == 2
+    assert ember.metrics.triton_size_class_variants == {"persistent": 1, "looped": 1}
+    assert ember.metrics.shape_specializations == 0
+
+
 def test_calls_past_the_size_cap_take_the_kernels_with_64_bit_indexes(monkeypatch, tmp_path):
     """Kernels index in int32 while every size is at most their cap, in int64 past it (Note:
     symbolic blocks): with the cap made 8, small shapes take the narrow kernels, larger ones
@@ -165,7 +182,8 @@ def test_calls_past_the_size_cap_take_the_kernels_with_64_bit_indexes(monkeypatc
         run_shapes(f, lambda n, m: [torch.randn(n, m), torch.randn(n, m)], shapes)
         return ember.metrics.triton_wide_index_launches - before
 
-    narrow, wide = run([(3, 5), (8, 7)]), run([(3, 40), (20, 6)])  # (on the GPU the first wide call compiles)
+    # at the cap and just past it too (on the GPU the first wide call compiles)
+    narrow, wide = run([(3, 5), (8, 7), (8, 8)]), run([(3, 40), (20, 6), (9, 8), (8, 9)])
     if DEVICE == "cpu":  # (the interpreter counts its launches)
         assert narrow == 0 and wide > 0
     assert ember.metrics.symbolic_graphs >= 1 and ember.metrics.shape_specializations == 0

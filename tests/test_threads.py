@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import ember
 from ember.wrapper import runtime as wrapper_runtime
 from tests.helpers import compile_fn, run_threads
 
@@ -93,6 +94,50 @@ def test_errors_stay_with_their_calls_under_stress():
     torch.torch_version.TorchVersion(torch.__version__) < "2.13",
     reason="before torch 2.13 dynamo's compiling flag is off between its compiles, so torch raises its "
     "nested-FX-trace error in the other thread, before ember runs (README: Threads)",
+)
+@interpreter_only
+@pytest.mark.parametrize("backend", ["triton"], indirect=True)
+def test_gpu_error_flags_are_lent_again_zeroed_and_per_thread(backend):
+    """Note: error flags lent per thread (the interpreter's rows live on the CPU): a thread's calls
+    borrow one flag set, zeroed after a call whose kernels reported an error, so the next valid
+    call raises nothing; threads alternating valid and bad indices, their calls interleaved, each
+    get their own outcomes from sets of their own. (Calls overlapping in time, each reading only its
+    own rows: test_each_call_reads_only_its_own_kernel_errors.)"""
+    import ember
+
+    weight, good, bad = torch.randn(10, 4), torch.tensor([1, 9, 3]), torch.tensor([1, 10, 3])
+    fn = compile_fn(embed_twice)
+    want = embed_twice(weight, good)
+    torch.testing.assert_close(fn(weight, good), want)
+    made = ember.metrics.gpu_error_flag_sets  # 1, or 0 where this thread's earlier test left one
+    assert made <= 1
+    for _ in range(4):
+        with pytest.raises(IndexError, match="index 10"):
+            fn(weight, bad)
+        torch.testing.assert_close(fn(weight, good), want)
+    assert ember.metrics.gpu_error_flag_sets == made
+    wrong, interpreter = [], threading.Lock()  # Triton's interpreter runs one kernel at a time
+
+    def worker(i):
+        for call in range(12):
+            valid = (call + i) % 2 == 0
+            try:
+                with interpreter:
+                    got = fn(weight, good if valid else bad)
+                if not torch.equal(got, want) or not valid:
+                    wrong.append((i, call, "rows"))
+            except IndexError:
+                if valid:
+                    wrong.append((i, call, "IndexError"))
+
+    run_threads(worker, 4)
+    assert not wrong, wrong
+    assert ember.metrics.gpu_error_flag_sets <= made + 4  # at most one more per thread
+
+
+@pytest.mark.skipif(
+    tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13),
+    reason="before torch 2.13 dynamo refuses any compiled call while another thread traces (README, Threads)",
 )
 def test_a_call_while_another_thread_traces_a_graph_runs_compiled(monkeypatch):
     """AOTAutograd's trace sets torch.fx's process-wide tracing flag, under which dynamo refuses
@@ -230,6 +275,56 @@ def test_racing_first_calls_choose_a_configuration_once(stand_in_launcher, monke
 
     run_threads(worker, 4)
     assert len(entered) == 1, f"chosen by {entered}"
+
+
+def sized_stand_in_launcher(monkeypatch):
+    """A symbolic pointwise kernel's launcher (Note: size classes) over the stand-in module of
+    `stand_in_launcher`: x extent s0 * s1, one buffer, then the sizes."""
+    from ember.runtime.triton_sized import SizedTritonLauncher
+
+    module = type("StandInModule", (), {"k_pointwise": object(), "_sha256": "0" * 64})
+    return SizedTritonLauncher(module, "k", ["pointwise"], 2**62, 0, [0], interpret=False, autotune=False,
+                               arguments=["*float32", "int64", "int64"], variables=["s0", "s1"], variables_at=1,
+                               grid_numel="s0*s1")  # fmt: skip
+
+
+def test_a_symbolic_kernel_launches_each_size_class_with_its_own_blocks(stand_in_launcher, monkeypatch):
+    """Note: size classes. The fast path runs each call with its class's block sizes and a grid
+    of its own sizes; a call in a class met before chooses and compiles nothing new."""
+    _, runs = stand_in_launcher
+    launcher = sized_stand_in_launcher(monkeypatch)
+    t = torch.zeros(8)
+    for sizes in ((2, 3), (64, 100), (3, 2), (64, 100)):
+        launcher(t, *sizes)
+    assert [(grid, blocks) for grid, blocks, _ in runs] == [(1, (8,)), (7, (1024,)), (1, (8,)), (7, (1024,))]
+    assert all(blocks == compiled_for for _, blocks, compiled_for in runs)
+    assert len(launcher.classes) == 2 and ember.metrics.triton_size_classes == 2
+
+
+def test_racing_first_calls_of_a_size_class_choose_its_configuration_once(stand_in_launcher, monkeypatch):
+    from ember.runtime.triton_sized import SizedTritonLauncher
+
+    launcher = sized_stand_in_launcher(monkeypatch)
+    choose, entered, second = SizedTritonLauncher.choose_for_class, [], threading.Event()
+
+    def slow_choose(self, key, args):
+        entered.append(threading.current_thread().name)
+        if len(entered) == 1:
+            second.wait(2)  # would another thread come in meanwhile?
+        else:
+            second.set()
+        return choose(self, key, args)
+
+    monkeypatch.setattr(SizedTritonLauncher, "choose_for_class", slow_choose)
+    start = threading.Barrier(4, timeout=60)
+
+    def worker(i):
+        start.wait()
+        launcher(torch.zeros(8), 2, 3 + i % 2)  # (two sizes, one class)
+
+    run_threads(worker, 4)
+    assert len(entered) == 1, f"chosen by {entered}"
+    assert ember.metrics.triton_size_classes == 1
 
 
 # ---- UOp interning and metrics ---------------------------------------------------------------

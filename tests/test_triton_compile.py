@@ -131,7 +131,58 @@ def test_the_pool_compiles_in_parallel_workers_into_the_given_triton_cache(modul
     assert len([p for p in cache.iterdir() if p.is_dir()]) >= 3  # an entry per configuration (and the launcher's)
     assert len(pool.worker_pids()) == 2
     # one C launcher per list of argument types: asked of the first request only
-    assert [f.result() for f in futures].count("compiled") == 2
+    assert [f.result()[0] for f in futures].count("compiled") == 2
+
+
+def recording_ptxas(tmp_path: Path) -> tuple[Path, Path]:
+    """Triton's ptxas behind a script that notes each run in a file and adds a line to the
+    version it reports (so Triton keys its cache differently): (the script, the notes)."""
+    import triton
+
+    real = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    notes = tmp_path / "ptxas-runs.txt"
+    script = tmp_path / "bin" / "ptxas"
+    script.parent.mkdir()
+    script.write_text(f'#!/bin/sh\necho "$@" >> "{notes}"\n'
+                      f'if [ "$1" = "--version" ]; then "{real}" --version; echo "(the test\'s ptxas)"; exit 0; fi\n'
+                      f'exec "{real}" "$@"\n')  # fmt: skip
+    script.chmod(0o755)
+    return script, notes
+
+
+def test_a_ptxas_chosen_after_the_workers_started_is_the_one_they_use(modules, tmp_path, monkeypatch):
+    """Note: the tools that key Triton's cache. Inductor points TRITON_PTXAS_PATH at torch's
+    ptxas once it compiles, after ember's workers may have started; ptxas's version is in
+    Triton's cache key, so a worker still on Triton's ptxas compiled kernels under keys the
+    launcher's own compile never finds. Requests carry the variable, and a worker that read one
+    ptxas's version reads the new one's: its key is the one a worker started under the new
+    ptxas gets; this process reads it again too (it would key its own compile by the old one)."""
+    from triton.backends.nvidia import compiler
+
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    triton_settings()
+    assert "(the test's ptxas)" not in compiler.get_ptxas_version(90)  # Triton's ptxas, read once
+    early, late = CompilePool(1), None
+    try:
+        warm, _ = early.submit(request_for(modules["kernels"], "good_pointwise", 128, tmp_path / "triton"))
+        assert warm.exception(timeout=600) is None  # this worker has read Triton's ptxas's version
+        script, notes = recording_ptxas(tmp_path)
+        monkeypatch.setenv("TRITON_PTXAS_PATH", str(script))
+        request = request_for(modules["kernels"], "good_pointwise", 256, tmp_path / "triton")
+        assert ("TRITON_PTXAS_PATH", str(script)) in request.environment
+        assert "(the test's ptxas)" in compiler.get_ptxas_version(90)  # this process keys by it too
+        _, key = early.submit(request)[0].result(timeout=600)
+        runs = notes.read_text().splitlines()
+        assert any("--version" in run for run in runs) and any("--version" not in run for run in runs)
+        late = CompilePool(1)  # started under the new ptxas, compiling into a cache of its own
+        _, expected = late.submit(request_for(modules["kernels"], "good_pointwise", 256, tmp_path / "other"))[0].result(
+            timeout=600
+        )
+        assert key == expected
+    finally:
+        early.shutdown()
+        if late is not None:
+            late.shutdown()
 
 
 def test_a_failing_compile_names_its_kernel_and_the_pool_goes_on(modules, pool, tmp_path):
@@ -203,6 +254,53 @@ def test_a_recorded_winner_is_the_only_configuration_compiled(tmp_path):
     assert len(kernel.tuning_plan("another gpu")) > 1  # the record is per device
     write_entry(record, key, asdict(LaunchConfig("pointwise", 7, 0, 1)))  # not a candidate any more
     assert len(kernel.tuning_plan("gpu")) > 1
+
+
+def sized_launcher(tmp_path, variants, rnumel_source="", rnumel=768) -> TritonLauncher:
+    """A symbolic kernel's launcher (Note: size classes): x extent s0*s1*768, a row of
+    `rnumel_source` (symbolic) or `rnumel`, three buffers and the sizes s0, s1."""
+    from ember.runtime.triton_sized import SizedTritonLauncher
+
+    facts = {"grid_numel": "s0*s1*768", "variables": ["s0", "s1"], "variables_at": 3, "size_cap": 512}
+    if rnumel_source:
+        facts |= {"rnumel_source": rnumel_source, "persistent_row": 16384}
+    return SizedTritonLauncher(StandInModule(tmp_path), "k", variants, 2**62, 2**62 if rnumel_source else rnumel,
+                               [0], interpret=False, arguments=["*float32"] * 3 + ["int64"] * 2, **facts)  # fmt: skip
+
+
+def test_a_symbolic_kernel_chooses_a_configuration_per_size_class(tmp_path, monkeypatch):
+    """Note: size classes. Calls are classed by the powers of two of their x extent and row and by
+    the size cap; a tiny class takes the kernel's default (compiled at load), a large one the
+    winner recorded for that class (without timing), a short symbolic row persistent blocks and a
+    long one looped."""
+    from dataclasses import asdict
+
+    from ember.runtime.cache import write_entry
+
+    monkeypatch.setattr(triton_runtime, "device_facts", lambda device: (TARGET, "gpu"))
+    monkeypatch.setattr(triton_runtime, "torch_cuda_current_device", lambda: 0)
+    monkeypatch.setattr(TritonLauncher, "benchmark", lambda *args: pytest.fail("timed a recorded class"))
+    buffers = tuple(torch.empty(8) for _ in range(3))
+    pointwise = sized_launcher(tmp_path, ["pointwise"], rnumel=0)
+    small, large, past_cap = (pointwise.classify(*sizes)[1] for sizes in ((1, 37), (16, 100), (600, 2)))
+    assert small == (15, 0, False) and large == (21, 0, False) and past_cap[2] is True
+    assert pointwise.choose_for_class(small, (*buffers, 1, 37)) == pointwise.default_config()
+    options = pointwise.class_candidates(large)
+    assert len(options) > 1
+    record, key = pointwise.tuning_record("gpu", large)
+    write_entry(record, key, asdict(options[-1]))
+    assert pointwise.choose_for_class(large, (*buffers, 16, 100)) == options[-1]
+    assert pointwise.tuning_record("gpu", small)[0] != record  # one record per class
+
+    row = sized_launcher(tmp_path, ["persistent", "looped"], rnumel_source="s1")
+    short, long = row.classify(64, 16)[1], row.classify(2, 20000)[1]
+    assert {c.variant for c in row.class_candidates(short)} == {"persistent"}
+    assert {c.variant for c in row.class_candidates(long)} == {"looped"}
+    assert row.default_config().variant == "looped"  # (compiled at load: no row is too long for it)
+    for key, sizes in ((short, (64, 16)), (long, (2, 20000))):
+        record, record_key = row.tuning_record("gpu", key)
+        write_entry(record, record_key, asdict(row.class_candidates(key)[0]))
+        assert row.choose_for_class(key, (*buffers, *sizes)).variant == ("persistent" if key == short else "looped")
 
 
 def test_precompile_hands_the_plan_to_the_pool_and_counts_it(tmp_path, monkeypatch):

@@ -45,10 +45,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ember.codegen.blocks import BlockPlan, elements
+from ember.codegen.online_softmax import ExpSum, exp_sum_of_max, lane_total, online_update, row_total
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import (
     AccArg,
     AccBlock,
+    AccUpdate,
     BlockArg,
     BlockAxis,
     BlockReduceArg,
@@ -83,6 +85,18 @@ class Phase:
     @property
     def depth(self) -> int:
         return sum(1 for _ in self.chain())
+
+
+@dataclass(frozen=True)
+class OnlineMax:
+    """A looped maximum's lanes, as an exp sum shifted by it reads them (Note: a row's exponential
+    sum in one pass, codegen/online_softmax.py)."""
+
+    prior: UOp  # each row's (or lane's) maximum before this chunk
+    after: UOp  # and after it
+    element: UOp  # the chunk's elements (-inf where masked)
+    final: UOp  # each row's (or lane's) maximum after the loop
+    per_row: bool  # "row": one maximum per row, each chunk's folded in; "lane": one per lane of the tile
 
 
 def lower_blocks(sink: UOp, plan: BlockPlan, variant: str) -> UOp:
@@ -123,6 +137,10 @@ class _BlockLowering:
         self.owner = {r: red for red in self.shape.reduces for r in red.src[1:]}  # reduce range -> its REDUCE
         self.phases: dict[UOp, Phase] = {}  # REDUCE -> its phase
         self.range_phase: dict[UOp, Phase] = {}  # a phase's range -> the phase
+        # Note: a row's exponential sum in one pass (codegen/online_softmax.py)
+        self.exp_sum_maximum = plan.exp_sum_maximum  # "row", "lane" or "off"
+        self.exp_sums = {} if self.persistent or self.exp_sum_maximum == "off" else self.find_exp_sums()
+        self.online_maxima: dict[UOp, OnlineMax] = {}  # a maximum an exp sum walks with -> its lanes' values
         for red in self.shape.reduces:
             self.phase_of_reduce(red)
         self.inner = self.make_phase(self.shape.inner, None, self.inner_kind()) if self.shape.inner else None
@@ -133,6 +151,13 @@ class _BlockLowering:
         reduction kernel's (an output loop)."""
         return RangeKind.SCAN if self.shape.scans else RangeKind.LOOP
 
+    def find_exp_sums(self) -> dict[UOp, ExpSum]:
+        """The blocked sums of exponentials shifted by a blocked maximum of their own row in this
+        kernel (Note: a row's exponential sum in one pass)."""
+        blocked = set(self.shape.reduces) - set(self.shape.sequential)
+        found = {red: exp_sum_of_max(red) for red in blocked}
+        return {red: f for red, f in found.items() if f is not None and f.maximum in blocked}
+
     def phase_of_reduce(self, red: UOp) -> Phase:
         if red in self.phases:
             return self.phases[red]
@@ -142,9 +167,24 @@ class _BlockLowering:
         if red in self.shape.sequential:
             phase = self.sequential_phase(ranges, parent, chunked=red in self.shape.chunked)
         else:
-            phase = self.shared_phase(red, parent) or self.make_phase(ranges, parent, RangeKind.REDUCE)
+            phase = (
+                self.maximum_phase(red, parent)
+                or self.shared_phase(red, parent)
+                or self.make_phase(ranges, parent, RangeKind.REDUCE)
+            )
         self.phases[red] = phase
         return phase
+
+    def maximum_phase(self, red: UOp, parent: Phase | None) -> Phase | None:
+        """An exp sum walks the loop of the maximum it is shifted by, at the same positions (Note: a
+        row's exponential sum in one pass); None: not an exp sum, or its maximum runs elsewhere."""
+        if red not in self.exp_sums:
+            return None
+        phase = self.phase_of_reduce(self.exp_sums[red].maximum)
+        if phase.parent is not parent:
+            del self.exp_sums[red]
+            return None
+        return self.keep(Phase(red.src[1:], phase.position, phase.mask, parent, phase.loop))
 
     def shared_phase(self, red: UOp, parent: Phase | None) -> Phase | None:
         """Looped: the loop of an earlier blocked REDUCE over as many elements, in the same
@@ -152,12 +192,13 @@ class _BlockLowering:
         phase), walked at the same positions; None: a loop of its own."""
         if self.persistent:
             return None  # persistent phases share one position already
-        numel, reads = elements(red.src[1:]), None
-        for other, phase in self.phases.items():
+        numel = elements(red.src[1:])
+        reads = set(red.src[0].toposort)
+        read_loops = {phase.loop for other, phase in self.phases.items() if other in reads}  # not final in them
+        for phase in self.phases.values():
             if phase.sequential or phase.parent is not parent or elements(phase.ranges) != numel:
                 continue
-            reads = reads if reads is not None else set(red.src[0].toposort)
-            if other in reads:
+            if phase.loop in read_loops:
                 continue
             return self.keep(Phase(red.src[1:], phase.position, phase.mask, parent, phase.loop))
         return None
@@ -231,7 +272,7 @@ class _BlockLowering:
                 else decompose(owner.position, owner.ranges, u)
             )
         if u.op is Ops.REDUCE:
-            return self.reduce(u, src[0])
+            return self.reduce(u, src[0], new)
         if u.op is Ops.SCAN:
             return self.scan(u, src[0])
         if u.op is Ops.LOAD:
@@ -252,7 +293,7 @@ class _BlockLowering:
         identity = normalize_const(dtype, reduce_identity(combine, dtype) if identity is None else identity)
         return UOp(Ops.DEFINE_ACC, dtype, enclosing, AccArg(combine, identity, next(self.acc_ids), block=block))
 
-    def reduce(self, red: UOp, value: UOp) -> UOp:
+    def reduce(self, red: UOp, value: UOp, new: dict[UOp, UOp]) -> UOp:
         phase, combine = self.phases[red], red.arg
         identity = UOp.const(red.dtype, reduce_identity(combine, red.dtype))
         if phase.sequential:
@@ -260,10 +301,45 @@ class _BlockLowering:
         masked = self.lanes(phase).where(value, identity)
         if self.persistent:
             return UOp(Ops.BLOCK_REDUCE, red.dtype, (masked,), BlockReduceArg(combine, BlockAxis.R))
+        if red in self.exp_sums:
+            return self.exp_sum(red, self.exp_sums[red], new[self.exp_sums[red].shift])
+        if any(found.maximum is red for found in self.exp_sums.values()):
+            return self.online_maximum(red, masked, phase)
         acc = self.accumulator(red.dtype, combine, phase, AccBlock.TILE)
         assert phase.loop is not None
         read = UOp(Ops.ACC_READ, red.dtype, (acc, UOp(Ops.ACC_UPDATE, red.dtype, (acc, masked, phase.loop))))
         return UOp(Ops.BLOCK_REDUCE, red.dtype, (read,), BlockReduceArg(combine, BlockAxis.R))
+
+    def online_maximum(self, red: UOp, masked: UOp, phase: Phase) -> UOp:
+        """A maximum an exp sum walks with (Note: a row's exponential sum in one pass): each row's (a
+        [XBLOCK, 1] accumulator, each chunk's maximum folded in) or each lane's, before and after each
+        chunk, which the sum's update reads."""
+        per_row = self.exp_sum_maximum == "row"
+        acc = self.accumulator(red.dtype, Ops.MAX, phase, AccBlock.ROWS if per_row else AccBlock.TILE)
+        assert phase.loop is not None
+        prior = UOp(Ops.ACC_PRIOR, red.dtype, (acc, phase.loop))
+        chunk = UOp(Ops.BLOCK_REDUCE, red.dtype, (masked,), BlockReduceArg(Ops.MAX, BlockAxis.R)) if per_row else masked
+        after = prior.alu(Ops.MAX, chunk)
+        update = UOp(Ops.ACC_UPDATE, red.dtype, (acc, after, phase.loop), AccUpdate.REPLACE)
+        read = UOp(Ops.ACC_READ, red.dtype, (acc, update))
+        self.online_maxima[red] = OnlineMax(prior, after, masked, read, per_row)
+        return read if per_row else UOp(Ops.BLOCK_REDUCE, red.dtype, (read,), BlockReduceArg(Ops.MAX, BlockAxis.R))
+
+    def exp_sum(self, red: UOp, found: ExpSum, shift: UOp) -> UOp:
+        """Note: a row's exponential sum in one pass: each lane's sum, relative to the row's or its own
+        maximum, updated in the maximum's loop, then folded and scaled to the row's `shift`."""
+        maximum, phase = self.online_maxima[found.maximum], self.phases[red]
+        acc = self.accumulator(red.dtype, Ops.ADD, phase, AccBlock.TILE)
+        assert phase.loop is not None
+        prior = UOp(Ops.ACC_PRIOR, red.dtype, (acc, phase.loop))
+        value = online_update(found, maximum.prior, maximum.after, prior, maximum.element)
+        update = UOp(Ops.ACC_UPDATE, red.dtype, (acc, value, phase.loop), AccUpdate.REPLACE)
+        lanes = UOp(Ops.ACC_READ, red.dtype, (acc, update))
+        if maximum.per_row:
+            total = UOp(Ops.BLOCK_REDUCE, red.dtype, (lanes,), BlockReduceArg(Ops.ADD, BlockAxis.R))
+            return row_total(found, total, maximum.final, shift)
+        lanes = lane_total(found, lanes, maximum.final, shift)
+        return UOp(Ops.BLOCK_REDUCE, red.dtype, (lanes,), BlockReduceArg(Ops.ADD, BlockAxis.R))
 
     def sequential_reduce(self, red: UOp, value: UOp, phase: Phase, identity: UOp) -> UOp:
         """Note: nested reductions. A [XBLOCK, 1] accumulator updated once per element, or,

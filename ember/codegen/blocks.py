@@ -43,13 +43,13 @@ Note: symbolic blocks
     strides; block lowering uses them as UOps where it used constants, and every lane is masked
     by them as it is by a static extent. The kernel takes each variable it reads as an int64
     argument after its buffers, never specialized (renderer/triton_module.py), so one compiled
-    kernel serves every shape. The launcher sizes blocks by each extent's upper bound (blocks
-    are never larger than a static kernel's for a large size) and computes the grid at every
-    call from the x extent's Python source over the variables (`BlockPlan.launch`); its launch
-    configuration is chosen once, by timing at the first call's sizes (Note: bounded tuning,
-    runtime/triton.py), and serves every shape after (no retuning per shape). A symbolic
-    row is persistent only where its bound fits one block; otherwise only the looped variant
-    exists. Index math is 32-bit where the variables' bounds keep every value within int32
+    kernel serves every shape. The launcher computes the grid at every call from the x extent's
+    Python source over the variables (`BlockPlan.launch`) and keeps a launch configuration per
+    size class of its calls (Note: size classes, runtime/triton_sized.py), chosen as a static
+    kernel's is at the class's largest sizes. A symbolic row's kernel has both variants while
+    its lower bound fits a block (`persistent_row`): the launcher takes persistent blocks for the
+    classes whose rows fit one and the looped variant for longer rows, from one module.
+    Index math is 32-bit where the variables' bounds keep every value within int32
     (`index_bits`); dynamo's sizes are unbounded, so for their kernels codegen finds the largest
     power of two C (`narrow_size_cap`) such that every index fits while each size is at most C,
     and the module has each variant twice: with 32-bit index math (sizes cast to int32 on
@@ -70,10 +70,14 @@ from ember.uop.ops import Ops, UOp
 
 @dataclass(frozen=True)
 class BlockLimits:
-    """What a block backend can hold (its capabilities; codegen decides from them)."""
+    """What a block backend can hold (its capabilities; codegen decides from them), and the choices
+    config makes for its codegen."""
 
     persistent_row: int = 16384  # the longest row a persistent variant keeps in one block (registers)
     persistent_scan_row: int = 4096  # the same for a scan, which keeps more per element
+    # where a looped exp sum takes its maximum from: "row", "lane" or "off" (Note: a row's exponential
+    # sum in one pass, codegen/online_softmax.py; config.online_exp_sums)
+    exp_sum_maximum: str = "row"
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,8 @@ class BlockPlan:
     variants: tuple[str, ...]  # "pointwise", or "persistent" (a row in one block) and/or "looped"
     index_bits: int  # 32 or 64: the integer width of index math
     size_cap: int = 0  # 32-bit index math only while every size variable is at most this (Note: symbolic blocks)
+    exp_sum_maximum: str = "row"  # BlockLimits.exp_sum_maximum
+    persistent_row: int = 0  # the longest row the persistent variant may take, where the row is symbolic
 
     @property
     def launch(self) -> dict:
@@ -117,10 +123,14 @@ class BlockPlan:
         facts = {"variants": list(self.variants), "xnumel": bound(xnumel), "rnumel": bound(self.shape.rnumel)}
         if xextent is not xnumel and bound(xextent) > bound(xnumel):  # Note: nested reductions
             facts["xextent"] = bound(xextent)
-        if isinstance(xnumel, UOp):
-            from ember.uop.variables import python_source
+        from ember.uop.variables import python_source
 
+        if isinstance(xnumel, UOp):
             facts["grid_numel"] = python_source(xnumel)
+        if isinstance(xextent, UOp) and xextent is not xnumel:
+            facts["xextent_source"] = python_source(xextent)
+        if isinstance(self.shape.rnumel, UOp):  # Note: size classes, runtime/triton_sized.py
+            facts |= {"rnumel_source": python_source(self.shape.rnumel), "persistent_row": self.persistent_row}
         if self.size_cap:
             facts["size_cap"] = self.size_cap
         return facts
@@ -131,12 +141,13 @@ def plan_blocks(sink: UOp, limits: BlockLimits) -> BlockPlan:
     shape = scan_kernel_shape(sink) if scan else kernel_shape(sink)
     if shape.pointwise:
         variants: tuple[str, ...] = ("pointwise",)
-    else:  # a symbolic row is persistent only where its bound fits a block (Note: symbolic blocks)
+    else:  # a symbolic row: persistent for the calls whose row fits a block (Note: symbolic blocks)
         longest = limits.persistent_scan_row if scan else limits.persistent_row
-        variants = (("persistent",) if bound(shape.rnumel) <= longest else ()) + ("looped",)
+        variants = (("persistent",) if lowest(shape.rnumel) <= longest else ()) + ("looped",)
     bits = index_bits(sink, shape, limits)
     cap = narrow_size_cap(sink, shape, limits) if bits == 64 else 0
-    return BlockPlan(shape, variants, 32 if cap else bits, cap)
+    row = longest if "persistent" in variants and isinstance(shape.rnumel, UOp) else 0
+    return BlockPlan(shape, variants, 32 if cap else bits, cap, limits.exp_sum_maximum, row)
 
 
 def kernel_shape(sink: UOp) -> KernelShape:
@@ -197,6 +208,11 @@ def largest(extents: list[int | UOp]) -> int | UOp:
 def bound(extent: int | UOp) -> int:
     """An extent's value, or a symbolic one's upper bound (what the launcher sizes blocks by)."""
     return extent if isinstance(extent, int) else int(extent.vmax)
+
+
+def lowest(extent: int | UOp) -> int:
+    """An extent's value, or a symbolic one's lower bound."""
+    return extent if isinstance(extent, int) else int(extent.vmin)
 
 
 def index_bits(sink: UOp, shape: KernelShape, limits: BlockLimits) -> int:

@@ -47,6 +47,24 @@ def dense_layout(meta: Any, shape: tuple[int, ...]) -> Layout | None:
     return Layout(tuple(shape), tuple(meta.stride()))
 
 
+def gapped_layout(meta: Any, shape: tuple[int, ...]) -> Layout | None:
+    """`meta`'s layout when it stores each element once with gaps between rows (a slice of a
+    padded tensor: strides (s * 16, 16, 1) for rows of s <= 16), else None. A symbolic stride
+    counts only where it provably clears the dims inside it (no guard is asked)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if not isinstance(meta, torch.Tensor) or tuple(meta.shape) != tuple(shape):
+        return None
+    span = 1
+    for size, stride in sorted(zip(meta.shape, meta.stride()), key=lambda p: size_hint(p[1])):
+        if type(size) is int and size == 1:
+            continue
+        if not statically_known_true(stride >= span) or statically_known_true(stride == 0):
+            return None
+        span = stride * size
+    return Layout(tuple(shape), tuple(meta.stride()))
+
+
 def same_strides(a: Layout, b: Layout) -> bool:
     """Equal strides wherever a dim has more than one element (a symbolic stride: the same expression)."""
     return all(
@@ -133,14 +151,16 @@ class LoweringContext:
         embedding_bag's indices) into a plain read of x, so the copy would vanish and the op
         would get x's strides. An argument that is a plain read is passed as is only when its
         strides are eager's (or eager's are not dense: eager passed a strided view too); otherwise
-        it is copied into eager's dense layout. Other arguments are realized contiguous (matmul
-        operands: Note: transposed matmul operands)."""
+        it is copied into eager's dense layout. An argument eager passed as a slice of a padded
+        tensor (sdpa's attention bias, rows padded to a multiple of 8, which CUDA's
+        memory-efficient kernel requires) is stored with eager's gaps. Other arguments are
+        realized contiguous (matmul operands: Note: transposed matmul operands)."""
         if not isinstance(a, TensorValue):
             return a
         if matmul:
             return self.realize(a, origin, matmul_operand_layout(a))
-        read, eager = as_strided_read(a), dense_layout(meta, a.shape)
-        if read is not None and eager is not None and not same_strides(read[1], eager):
+        read, eager = as_strided_read(a), dense_layout(meta, a.shape) or gapped_layout(meta, a.shape)
+        if eager is not None and (read is None or not same_strides(read[1], eager)):
             return self.realize(a, origin, eager, fresh=True)
         return with_eager_unit_strides(self.realize(a, origin), meta)
 

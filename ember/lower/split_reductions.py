@@ -58,8 +58,8 @@ class SplitPolicy:
     one_pass_chunk: int = 4096  # var's chunks: short enough that a program holds one (persistent)
     # A program of a looped reduction may walk up to 32 outputs at once (XBLOCK: the column sums
     # of a (131072, 1024) tensor ran on 32 to 128 programs, at a third of eager's speed on an
-    # H200), so up to `wide_outputs` outputs still split where each is at least `wide_ratio`
-    # times longer than there are outputs, counting 32 outputs a program.
+    # H200), so chunks are counted for 32 outputs a program, and up to `wide_outputs` outputs
+    # still split where each is at least `wide_ratio` times longer than there are outputs.
     wide_outputs: int = 4096
     wide_ratio: int = 64
     outputs_per_program: int = 32
@@ -68,11 +68,12 @@ class SplitPolicy:
         """(number of chunks, chunk length), or None to keep the reduction whole."""
         if self.min_extent <= 0 or extent < self.min_extent or outputs == 0:
             return None
-        programs = outputs
-        if outputs >= self.max_outputs:
-            if outputs >= self.wide_outputs or extent < self.wide_ratio * outputs:
-                return None
-            programs = _ceil_div(outputs, self.outputs_per_program)
+        if outputs >= self.max_outputs and (outputs >= self.wide_outputs or extent < self.wide_ratio * outputs):
+            return None
+        # counted as a looped program walks them (XBLOCK up to 32): a column sum's partials are coalesced
+        # only when a program takes a row's neighbouring columns at once, so (4M, 16) needs 1024 chunks
+        # of (4096, 16) to keep 512 such programs busy (64 chunks ran on 32 programs)
+        programs = _ceil_div(outputs, self.outputs_per_program)
         min_chunk = max(self.min_extent // 16, 1)
         count = min(_ceil_div(self.target_programs, programs), extent // min_chunk)
         if max_chunk is not None:

@@ -9,6 +9,7 @@ never copy and reading through any chain of them is one LOAD with a composed ind
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ember.ir import Buffer, Layout, same_sizes
 from ember.uop.dtypes import DType, dtypes
@@ -196,8 +197,10 @@ def reads_transposed(x: TensorValue) -> bool:
 
 
 def symbolic_affine_coefficients(expr: UOp, dim_of: dict[UOp, int]) -> tuple[int, list] | None:
-    """affine_coefficients where strides are products of size variables (Note: symbolic sizes):
-    each addend is one dim's loop variable times a stride of size variables and constants."""
+    """affine_coefficients where strides are expressions of size variables (Note: symbolic sizes):
+    each addend is one dim's loop variable times a product of constants and size-only factors
+    (a size variable, or an expression of them as `s % 8` in a padded row `s - s % 8 + 8`);
+    a dim's addends sum to its stride. An addend of sizes alone must be a constant (the offset)."""
     from collections import Counter
 
     from ember.uop.symbolic_division import expanded_terms, factors, product
@@ -210,15 +213,31 @@ def symbolic_affine_coefficients(expr: UOp, dim_of: dict[UOp, int]) -> tuple[int
         if not found:
             offset += constant
             continue
-        if len(loops) != 1 or found[loops[0]] != 1 or any(u.op is not Ops.DEFINE_VAR for u in found if u not in dim_of):
+        if len(loops) != 1 or found[loops[0]] != 1 or not all(_size_only(u) for u in found if u not in dim_of):
             return None
         rest = found - Counter({loops[0]: 1})
-        stride = product(constant, rest, term) if rest else constant
+        stride = product(constant, rest, term) if rest else term.const_like(constant)
         d = dim_of[loops[0]]
-        strides[d] = stride if type(strides[d]) is int and strides[d] == 0 else None
-        if strides[d] is None:
-            return None  # one dim in two addends: left to the static form
-    return offset, [s.arg if isinstance(s, UOp) and s.op is Ops.CONST else s for s in strides]
+        strides[d] = stride if type(strides[d]) is int and strides[d] == 0 else strides[d] + stride
+    return offset, [_folded(s) for s in strides]
+
+
+SIZE_ARITHMETIC = {Ops.DEFINE_VAR, Ops.CONST, Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.NEG}
+
+
+def _size_only(u: UOp) -> bool:
+    """Whether `u` is computed from size variables and constants alone (no loop variable)."""
+    return all(v.op in SIZE_ARITHMETIC for v in u.toposort)
+
+
+def _folded(stride: Any) -> Any:
+    """A stride as a plain int when it is a constant, else its simplified expression."""
+    from ember.uop.symbolic import simplify
+
+    if not isinstance(stride, UOp):
+        return stride
+    stride = simplify(stride)
+    return stride.arg if stride.op is Ops.CONST else stride
 
 
 def affine_coefficients(expr: UOp, shape: tuple[int, ...]) -> tuple[int, list[int]] | None:

@@ -24,7 +24,7 @@ from ember.renderer.triton_math import render_math
 from ember.renderer.triton_scan import combine_call, scan_call
 from ember.renderer.triton_scatter import ScatterStore, scatter_store_lines
 from ember.uop.dtypes import DType, bits_of, dtypes
-from ember.uop.ops import AccBlock, BlockAxis, CheckArg, Ops, ScatterArg, UOp
+from ember.uop.ops import AccBlock, AccUpdate, BlockAxis, CheckArg, Ops, ScatterArg, UOp
 from ember.uop.variables import SizeSpelling, spell_size
 
 TL_TYPES = {
@@ -339,6 +339,10 @@ class _Body:
     def acc_update(self, u: UOp) -> None:
         acc, value = self.ref(u.src[0]), self.ref(u.src[1])
         combine = u.src[0].arg.combine
+        if u.arg is AccUpdate.REPLACE:  # Note: a row's exponential sum in one pass (codegen/online_softmax.py)
+            self.line(f"{acc} = {value}")
+            self.names[u] = acc
+            return
         if u.src[0].arg.block is not AccBlock.CARRY:
             self.line(f"{acc} = {combine_call(combine, u.dtype, acc, value)}")
             self.names[u] = acc
@@ -346,6 +350,11 @@ class _Body:
         # Note: scans on blocks: the chunk's scan with the carry combined in; its last position carries on
         self.assign(u, combine_call(combine, u.dtype, acc, value))
         self.line(f"{acc} = ember_scan_last({self.names[u]}, tl.arange(0, RBLOCK)[None, :] == RBLOCK - 1)")
+
+    def acc_prior(self, u: UOp) -> None:
+        """The accumulator before this iteration's update: a name of its own, kept when the update
+        rebinds the accumulator's."""
+        self.assign(u, self.ref(u.src[0]))
 
     def acc_read(self, u: UOp) -> None:
         self.names[u] = self.ref(u.src[0])
@@ -359,5 +368,5 @@ SPELLINGS = {
     Ops.ARANGE: _Body.arange, Ops.BLOCK_REDUCE: _Body.block_reduce, Ops.BLOCK_SCAN: _Body.block_scan,
     Ops.INDEX: _Body.index, Ops.LOAD: _Body.load, Ops.STORE: _Body.store, Ops.CHECK: _Body.check,
     Ops.PHILOX4: _Body.philox, Ops.DEFINE_ACC: _Body.define_acc, Ops.ACC_UPDATE: _Body.acc_update,
-    Ops.ACC_READ: _Body.acc_read, Ops.ACC_RUNNING: _Body.acc_running,
+    Ops.ACC_READ: _Body.acc_read, Ops.ACC_RUNNING: _Body.acc_running, Ops.ACC_PRIOR: _Body.acc_prior,
 }  # fmt: skip

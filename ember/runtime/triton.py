@@ -8,7 +8,8 @@ wrapper loads, its configurations go to the compile pool (runtime/triton_pool.py
 call it picks a launch configuration (variant, block sizes, warps), from the tuning record
 stored beside the module or by timing a few candidates (Note: bounded tuning), and then launches
 the kernel ember compiled (runtime/triton_compile.py) on the current stream with a grid computed
-from the x extent.
+from the x extent. A symbolic kernel's launcher (runtime/triton_sized.py) is a `TritonLauncher`
+that chooses per size class of its calls.
 
 Under the interpreter (`TRITON_INTERPRET=1`, CPU tensors; how CI runs the Triton path)
 the module imports a numpy libdevice (runtime/triton_libdevice.py) and the configuration
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import linecache
+import logging
 import sys
 import threading
 import types
@@ -54,6 +56,8 @@ from ember.runtime.triton_compile import (
     triton_settings,
 )
 from ember.runtime.triton_pool import CompilePool
+
+log = logging.getLogger("ember.runtime")
 
 LIBDEVICE_IMPORT = "from triton.language.extra import libdevice"
 INTERPRETED_IMPORT = "from ember.runtime.triton_libdevice import interpreted_libdevice as libdevice"
@@ -170,7 +174,10 @@ def candidates(variants: list[str], xnumel: int, rnumel: int, interpret: bool) -
         found += [LaunchConfig("looped", 1, min(rcap, 2048), 8), LaunchConfig("looped", 1, min(rcap, 1024), 4)]
         if xnumel >= 64:  # many short rows or columns: several rows per program
             found += [LaunchConfig("looped", min(8, xcap), min(rcap, 256), 8),
-                      LaunchConfig("looped", min(32, xcap), min(rcap, 64), 4)]  # fmt: skip
+                      LaunchConfig("looped", min(32, xcap), min(rcap, 64), 4),
+                      # a (rows, 16) column sum's partials: a chunk's 16 columns, 128 rows a step, one
+                      # contiguous 8 KiB read in 16-byte loads (Triton orders the block x-major)
+                      LaunchConfig("looped", min(16, xcap), min(rcap, 128), 4)]  # fmt: skip
     return list(dict.fromkeys(found))
 
 
@@ -232,20 +239,6 @@ def direct_launch(kernel: Any) -> tuple:
     return run, kernel.function, (kernel.packed_metadata, None, None, None)
 
 
-def symbolic_grid(numel_source: str, variables: list[str], first: int) -> Callable[[tuple, int], int]:
-    """The grid of a call of a kernel whose x extent is symbolic (Note: symbolic blocks,
-    codegen/blocks.py): `numel_source`, Python over the size variables (uop/variables.py
-    `python_source`, ember's own text), evaluated at the variables the call passes from position
-    `first` on, in blocks of XBLOCK."""
-    numel = eval(f"lambda {', '.join(variables)}: {numel_source}", {"max": max, "min": min})  # noqa: S307
-    stop = first + len(variables)
-
-    def grid(args: tuple, xblock: int) -> int:
-        return (numel(*args[first:stop]) + xblock - 1) // xblock
-
-    return grid
-
-
 # ---- the launcher ----------------------------------------------------------------------------
 
 
@@ -266,23 +259,16 @@ class TritonLauncher:
 
     def __init__(self, module: ModuleType, name: str, variants: list[str], xnumel: int, rnumel: int,
                  written: list[int], interpret: bool, autotune: bool = True, xextent: int = 0, tuned: int = 8,
-                 arguments: list[str] | None = None, root: str = "", relative: str = "",
-                 grid_numel: str = "", variables: list[str] | None = None, variables_at: int = 0,
-                 size_cap: int = 0) -> None:  # fmt: skip
+                 arguments: list[str] | None = None, root: str = "", relative: str = "") -> None:  # fmt: skip
         self.module, self.name, self.variants, self.autotune = module, name, variants, autotune
         self.tuned = max(1, tuned)  # the most candidates the first call times (config.tuning_candidates)
-        # Note: symbolic blocks (codegen/blocks.py): the x extent of each call, from its size arguments
-        self.symbolic_grid = symbolic_grid(grid_numel, variables or [], variables_at) if grid_numel else None
-        self.size_arguments = range(variables_at, variables_at + len(variables or []))
-        self.size_cap = size_cap  # past it, a call takes the kernel with 64-bit index math
         self.xextent = max(xnumel, xextent)  # what XBLOCK may cover (more than the grid's x: nested reductions)
         self.xnumel, self.rnumel, self.written, self.interpret = xnumel, rnumel, written, interpret
         # the argument types the renderer declared (renderer/triton_module.py `argument_kinds`)
         self.signature = signature_of(arguments) if arguments is not None else None
         self.root, self.relative = root, relative  # the module in the cache, for compile requests
         self.config: LaunchConfig | None = None
-        # pointer alignments (and whether past the size cap) -> direct launch (`direct_launch`)
-        self.compiled: dict[tuple, tuple] = {}
+        self.compiled: dict[tuple, tuple] = {}  # pointer alignments -> direct launch (`direct_launch`)
         self.grid, self.stream_device = 0, 0
         self.constexprs: tuple[int, ...] = ()
         self.pool: CompilePool | None = None
@@ -299,7 +285,6 @@ class TritonLauncher:
         if self.interpret:
             self.launch(self.config, args)
             return
-        grid = self.grid if self.symbolic_grid is None else self.symbolic_grid(args, self.config.xblock)
         # Note: the fast launch. Triton's own launch path binds and specializes the arguments
         # in Python on every call (tens of microseconds); after the first launch for an
         # alignment of the pointers, the compiled kernel's C launcher is called directly. A
@@ -315,28 +300,31 @@ class TritonLauncher:
         if direct is None:
             direct = self.direct_for(args)
         launch, function, head = direct
-        launch(grid, 1, 1, self.current_stream(self.stream_device), function, *head, *args, *self.constexprs)
+        launch(self.grid, 1, 1, self.current_stream(self.stream_device), function, *head, *args, *self.constexprs)
 
     def direct_for(self, args: tuple) -> tuple:
         """The direct launch (see `direct_launch`) of the kernel compiled for these pointer
-        alignments (with 64-bit indexes past the size cap: Note: symbolic blocks): compiled at the
-        first launch for them, under the lock."""
-        aligned = tuple(isinstance(a, int) or a.data_ptr() % 16 == 0 for a in args)  # (an int: the seed, a size)
-        wide = self.size_cap > 0 and self.past_cap(args)
-        direct = self.compiled.get((*aligned, wide))
+        alignments: compiled at the first launch for them, under the lock."""
+        aligned = tuple(isinstance(a, int) or a.data_ptr() % 16 == 0 for a in args)  # (an int: the seed)
+        direct = self.compiled.get(aligned)
         if direct is None:
             with self.lock:
-                direct = self.compiled.get((*aligned, wide))
+                direct = self.compiled.get(aligned)
                 if direct is None:
-                    self.current_stream = stream_getter()
-                    self.stream_device = torch_cuda_current_device()
-                    target, _ = device_facts(self.stream_device)
-                    kernel = self.compiled_kernel(self.config, argument_types(args), aligned, target, wide)
-                    direct = direct_launch(kernel)
-                    self.compiled[(*aligned, wide)] = direct
+                    direct = self.compile_direct(self.config, args, aligned, False)
+                    self.compiled[aligned] = direct
                     if all(aligned) and self.only_pointers:
                         self.direct_aligned = direct  # last: the fast path reads it without the lock
         return direct
+
+    def compile_direct(self, config: LaunchConfig | None, args: tuple, aligned: tuple[bool, ...], wide: bool) -> tuple:
+        """`config` compiled for these arguments' types and alignments (64-bit indexes when `wide`),
+        as a direct launch; called under the lock."""
+        assert config is not None
+        self.current_stream = stream_getter()
+        self.stream_device = torch_cuda_current_device()
+        target, _ = device_facts(self.stream_device)
+        return direct_launch(self.compiled_kernel(config, argument_types(args), aligned, target, wide))
 
     def configure(self, args: tuple) -> None:
         """Choose the launch configuration once, whichever threads make the first calls."""
@@ -348,35 +336,33 @@ class TritonLauncher:
                 self.config = config  # last: the fast path reads grid and constexprs once config is set
 
     def grid_and_blocks(self, config: LaunchConfig) -> tuple[int, dict[str, int]]:
-        """The grid of a static x extent (a symbolic one's is computed per call) and the block sizes."""
+        """The grid of a static x extent and the block sizes."""
         grid = (self.xnumel + config.xblock - 1) // config.xblock
         return grid, {"XBLOCK": config.xblock} | ({"RBLOCK": config.rblock} if config.rblock else {})
 
-    def past_cap(self, args: tuple) -> bool:
-        """Whether a size of this call exceeds the cap of 32-bit index math (Note: symbolic blocks)."""
-        return any(args[i] > self.size_cap for i in self.size_arguments)
-
     def function(self, config: LaunchConfig, wide: bool) -> str:
-        """The jit function of `config`: with 64-bit index math when `wide`."""
+        """The jit function of `config`: with 64-bit index math when `wide` (Note: symbolic blocks)."""
         return f"{self.name}_{config.variant}{'_wide' if wide else ''}"
 
     def grid_of(self, config: LaunchConfig, args: tuple) -> int:
         """The programs a launch of `config` on `args` runs."""
-        if self.symbolic_grid is not None:
-            return self.symbolic_grid(args, config.xblock)
         return self.grid_and_blocks(config)[0]
+
+    def wide_for(self, args: tuple) -> bool:
+        """Whether a call on `args` takes the kernel with 64-bit indexes (a symbolic kernel's call
+        past its size cap: runtime/triton_sized.py)."""
+        return False
 
     def launch(self, config: LaunchConfig, args: tuple) -> Any:
         """Under the interpreter: one launch through Triton's `fn[grid]`."""
-        from ember.runtime.triton_libdevice import interpreted_size
-
-        wide = self.size_cap > 0 and self.past_cap(args)
+        wide = self.wide_for(args)
         metrics.add(triton_wide_index_launches=wide)
         fn = getattr(self.module, self.function(config, wide))
         _, blocks = self.grid_and_blocks(config)
-        grid = self.grid_of(config, args)
-        args = tuple(interpreted_size(a) if i in self.size_arguments else a for i, a in enumerate(args))
-        return fn[(grid,)](*args, **blocks)
+        return fn[(self.grid_of(config, args),)](*self.interpreted(args), **blocks)
+
+    def interpreted(self, args: tuple) -> tuple:
+        return args
 
     # ---- compiling (Note: ember owns the Triton compile) -------------------------------------
 
@@ -412,14 +398,20 @@ class TritonLauncher:
         else:
             wait([pending], timeout=POOL_WAIT_S)  # a failure (or a stuck worker): compiled (and raised) here
         try:
-            return loaded(compile_kernel(getattr(self.module, request.function), request))
+            kernel = compile_kernel(getattr(self.module, request.function), request)
         except Exception as e:
             raise RuntimeError(f"runtime: Triton kernel {request.kernel} failed: {type(e).__name__}: {e}") from e
+        if pending is not None and pending.done() and pending.exception() is None:
+            _, worker_key = pending.result()
+            if worker_key != str(kernel.hash):  # the pool's work was lost (Note: the tools that key Triton's cache)
+                metrics.add(triton_pool_key_mismatches=1)
+                log.debug("Triton kernel %s: the compile worker's cache key is not this process's", request.kernel)
+        return loaded(kernel)
 
     def trial(self, config: LaunchConfig, args: tuple, target: tuple[str, int, int]) -> Callable[[], None]:
         """A launch of `config` on `args` (compiled now), as a benchmark repeats it; changes
         nothing the fast path reads."""
-        wide = self.size_cap > 0 and self.past_cap(args)
+        wide = self.wide_for(args)
         kernel = self.compiled_kernel(config, argument_types(args), argument_alignment(args), target, wide)
         grid, blocks = self.grid_of(config, args), self.grid_and_blocks(config)[1]
         stream, constexprs = raw_stream(torch_cuda_current_device()), tuple(blocks.values())
@@ -432,13 +424,14 @@ class TritonLauncher:
 
     # ---- choosing a configuration (Note: bounded tuning) -----------------------------------
 
-    def tuning_record(self, device_name: str) -> tuple[Path, str]:
-        """Where the winner for this module on `device_name` is recorded, and its key."""
-        key = content_hash(self.module._sha256, self.name, device_name)
+    def tuning_record(self, device_name: str, size_class: tuple = ()) -> tuple[Path, str]:
+        """Where the winner for this module on `device_name` is recorded (for a symbolic kernel: for
+        one size class of its calls, Note: size classes), and its key."""
+        key = content_hash(self.module._sha256, self.name, device_name, *map(repr, size_class))
         return Path(str(self.module.__file__)).with_suffix(f".{key[:12]}.tune.json"), key
 
-    def recorded_winner(self, device_name: str) -> LaunchConfig | None:
-        record, key = self.tuning_record(device_name)
+    def recorded_winner(self, device_name: str, size_class: tuple = ()) -> LaunchConfig | None:
+        record, key = self.tuning_record(device_name, size_class)
         try:
             found = read_entry(record, key)
             return LaunchConfig(**found) if found is not None else None
@@ -465,15 +458,22 @@ class TritonLauncher:
     def choose(self, args: tuple) -> LaunchConfig:
         if self.interpret or not self.autotune:
             return candidates(self.variants, self.xextent, self.rnumel, self.interpret)[0]
+        target, device_name = self.device_of(args)
+        options = self.tuning_plan(device_name)
+        return options[0] if len(options) == 1 else self.timed_winner(options, args, target, device_name)
+
+    def device_of(self, args: tuple) -> tuple[tuple[str, int, int], str]:
+        """The compile target and name of the device a call's tensors are on."""
         import torch
 
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
-        target, device_name = device_facts(device.index if device.index is not None else torch_cuda_current_device())
-        options = self.tuning_plan(device_name)
-        if len(options) == 1:
-            return options[0]
+        return device_facts(device.index if device.index is not None else torch_cuda_current_device())
+
+    def timed_winner(self, options: list[LaunchConfig], args: tuple, target: tuple[str, int, int], device_name: str,
+                     size_class: tuple = ()) -> LaunchConfig:  # fmt: skip
+        """The fastest of `options` on `args`, recorded for the next process (Note: bounded tuning)."""
         best = self.benchmark(options, args, target)
-        record, key = self.tuning_record(device_name)
+        record, key = self.tuning_record(device_name, size_class)
         write_entry(record, key, asdict(best))
         return best
 

@@ -25,6 +25,7 @@ Note: ember owns the Triton compile
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,15 +94,32 @@ class CompileRequest:
         return f"{self.function} ({blocks}, num_warps={self.num_warps})"
 
 
+# Note: the tools that key Triton's cache. Triton's cache key holds the ptxas version and the
+# libdevice file's hash besides the variables it declares cache-invalidating; the binaries come
+# from these variables, which it does not declare. Inductor sets TRITON_PTXAS_PATH (torch's own
+# ptxas) in the process when it first compiles: a worker started before that kept Triton's
+# ptxas, so every kernel it compiled had another key than the launcher's, and the launcher
+# compiled each again, serially (a GPT-2 first call 3.6 s alone, 10.8 s after inductor's). And
+# Triton reads the version once per process: the launcher's keys kept the version of the ptxas
+# named when it first compiled. Requests carry these variables; a worker told another ptxas, and
+# the launcher's process when they changed, read its version again.
+TOOL_VARIABLES = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_LIBDEVICE_PATH")
+
+
 def triton_settings() -> tuple[tuple[tuple[str, Any], ...], str, tuple[tuple[str, str], ...]]:
-    """Triton's options the binder would add, its cache folder and its cache-keying environment,
-    read now in this process."""
+    """Triton's options the binder would add, its cache folder and the environment that keys
+    its cache (Note: the tools that key Triton's cache), read now in this process."""
     import triton
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
     options = (("debug", bool(triton.knobs.runtime.debug)),
                ("instrumentation_mode", triton.knobs.compilation.instrumentation_mode))  # fmt: skip
-    environment = tuple(sorted(get_cache_invalidating_env_vars().items()))
+    tools = {name: os.environ[name] for name in TOOL_VARIABLES if name in os.environ}
+    libdevice = triton.knobs.nvidia.libdevice_path  # set as a knob (inductor does), not only in the environment
+    if libdevice:
+        tools["TRITON_LIBDEVICE_PATH"] = libdevice
+    _read_tools_again_if_changed(tools)
+    environment = tuple(sorted({**get_cache_invalidating_env_vars(), **tools}.items()))
     return options, os.path.abspath(triton.knobs.cache.dir), environment
 
 
@@ -128,18 +146,20 @@ def compile_kernel(fn: Any, request: CompileRequest) -> Any:
     return triton.compile(source, target=GPUTarget(*request.target), options=options)
 
 
-def compile_in_worker(request: CompileRequest, build_launcher: bool) -> str:
+def compile_in_worker(request: CompileRequest, build_launcher: bool) -> tuple[str, str]:
     """What a pool worker does with a request (runtime/triton_pool.py): the module imported from
     its verified bytes, compiled under the launcher's cache folder and environment, so the
     entry lands where the launcher's own compile looks; with `build_launcher`, Triton's C launcher
-    for its argument types too. Returns a note for the pool's future."""
+    for its argument types too. Returns a note for the pool's future, and the cache key the
+    kernel got (the launcher's compile must find the same: `triton_pool_key_mismatches`)."""
     from ember.runtime.triton import import_module
 
     os.environ["TRITON_CACHE_DIR"] = request.cache_dir
     _apply_environment(dict(request.environment))
     module = import_module(request.root, request.relative, request.sha256, interpret=False)
     kernel = compile_kernel(getattr(module, request.function), request)
-    return cuda_launcher(kernel) if build_launcher and request.target[0] == "cuda" else "compiled"
+    note = cuda_launcher(kernel) if build_launcher and request.target[0] == "cuda" else "compiled"
+    return note, str(kernel.hash)
 
 
 def cuda_launcher(kernel: Any) -> str:
@@ -157,9 +177,39 @@ def cuda_launcher(kernel: Any) -> str:
 
 def _apply_environment(wanted: dict[str, str]) -> None:
     """The launcher's values of the variables that key Triton's cache, set here (and the ones it
-    left unset, unset)."""
+    left unset, unset; Note: the tools that key Triton's cache)."""
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
-    for name in set(get_cache_invalidating_env_vars()) - set(wanted):
+    tools_before = {name: os.environ.get(name) for name in TOOL_VARIABLES}
+    for name in (set(get_cache_invalidating_env_vars()) | set(TOOL_VARIABLES)) - set(wanted):
         os.environ.pop(name, None)
     os.environ.update(wanted)
+    if tools_before != {name: os.environ.get(name) for name in TOOL_VARIABLES}:
+        _forget_tool_versions()
+
+
+_tools_seen: dict[str, str] | None = None
+_tools_lock = threading.Lock()
+
+
+def _read_tools_again_if_changed(tools: dict[str, str]) -> None:
+    """This process keys its own compiles by the ptxas version Triton read first, whichever ptxas
+    the environment names now; where the tools changed since this process last asked (or it
+    never asked), Triton reads the version again, so its keys and its workers' agree."""
+    global _tools_seen
+    with _tools_lock:
+        if tools != _tools_seen:
+            _forget_tool_versions()
+            _tools_seen = dict(tools)
+
+
+def _forget_tool_versions() -> None:
+    """Triton reads ptxas's version once per process (a cached function); another ptxas needs
+    it read again. Nothing to forget on a Triton without that cache."""
+    try:
+        from triton.backends.nvidia import compiler
+    except ImportError:
+        return
+    cached = getattr(compiler, "get_ptxas_version", None)
+    if cached is not None and hasattr(cached, "cache_clear"):
+        cached.cache_clear()

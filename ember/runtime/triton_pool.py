@@ -81,8 +81,9 @@ class Worker:
                                                 cwd=PACKAGE_PARENT)  # fmt: skip
             return self.process
 
-    def compile(self, request: CompileRequest, build_launcher: bool) -> str:
-        """Has the worker compile `request` (and its C launcher); its note, or CompileFailed."""
+    def compile(self, request: CompileRequest, build_launcher: bool) -> tuple[str, str]:
+        """Has the worker compile `request` (and its C launcher); its note and the kernel's
+        cache key, or CompileFailed."""
         process = self.started()
         assert process.stdin is not None and process.stdout is not None
         try:

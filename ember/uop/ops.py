@@ -128,6 +128,9 @@ class Ops(enum.Enum):
     WORD = enum.auto()  # src: (PHILOX4,); word `arg` (0..3) of it
     # (last: an op's number is part of kernel hashes through reprs of Ops args; appending keeps them)
     DEFINE_VAR = enum.auto()  # a size known only at run time, a kernel argument; arg: VarArg (Note: symbolic sizes)
+    # src: (DEFINE_ACC, its loop RANGE); a block accumulator inside its loop before this iteration's update, the
+    # update reading it is an AccUpdate.REPLACE (Note: a row's exponential sum in one pass, codegen/online_softmax.py)
+    ACC_PRIOR = enum.auto()
 
 
 MATH_UNARY_OPS = frozenset({Ops.ACOSH, Ops.ASINH, Ops.ATANH, Ops.ERFC, Ops.LGAMMA, Ops.SIGNBIT})
@@ -227,6 +230,12 @@ class AccArg:
     id: int
     lanes: int = 1  # > 1: an array of this many accumulators (Note: lane accumulators, codegen/lanes.py)
     block: AccBlock | None = None  # a block backend's accumulator (Note: block lowering); None: a scalar
+
+
+class AccUpdate(enum.Enum):
+    """An ACC_UPDATE's arg when it does not combine (arg None: acc = combine(acc, value))."""
+
+    REPLACE = "replace"  # acc = value, a value computed from the accumulator's ACC_PRIOR (block accumulators only)
 
 
 class BlockAxis(enum.Enum):
@@ -497,6 +506,11 @@ def bounds(u: UOp) -> tuple[int | float, int | float]:
         return (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
     if u.op in COMPARISON_OPS or u.dtype.is_bool:
         return (0, 1)
+    if u.op is Ops.CHECK:  # the value it passes on (an index clamped in range: Note: kernel errors)
+        return s[0]
+    if u.op is Ops.CAST and u.dtype.is_int and u.src[0].dtype.is_int | u.src[0].dtype.is_bool:
+        if u.dtype.min <= s[0][0] and s[0][1] <= u.dtype.max:  # a cast that changes no value in range
+            return s[0]
     return (u.dtype.min, u.dtype.max)
 
 

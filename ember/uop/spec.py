@@ -13,8 +13,9 @@ Stages, in pipeline order:
              instead of REDUCE and SCAN; what the linearizer takes
     BLOCKED  after block lowering (codegen/block_lowering.py): loops on the x axis are one x index
              (PROGRAM_ID, BLOCK_SIZE, ARANGE), REDUCE and SCAN are block reductions, block scans and
-             accumulators; LOAD, STORE and CHECK take the mask of their active lanes; what the
-             linearizer takes for a block backend
+             accumulators (a tile accumulator may be read before its update, ACC_PRIOR, and its
+             update replace it, AccUpdate.REPLACE); LOAD, STORE and CHECK take the mask of their
+             active lanes; what the linearizer takes for a block backend
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from ember.uop.ops import (
     COMPARISON_OPS,
     UNARY_OPS,
     AccArg,
+    AccBlock,
+    AccUpdate,
     BlockArg,
     BlockAxis,
     BlockReduceArg,
@@ -61,7 +64,7 @@ class IRError(ValueError):
 
 ACCUMULATOR_OPS = frozenset({Ops.DEFINE_ACC, Ops.ACC_UPDATE, Ops.ACC_READ, Ops.ACC_RUNNING})
 BLOCK_OPS = frozenset({Ops.PROGRAM_ID, Ops.BLOCK_SIZE, Ops.ARANGE, Ops.BLOCK_REDUCE, Ops.BLOCK_SCAN, Ops.PHILOX4,
-                       Ops.WORD})  # fmt: skip
+                       Ops.WORD, Ops.ACC_PRIOR})  # fmt: skip
 # ops that exist only in some stages (every other op may appear in all of them)
 FORBIDDEN = {
     Stage.AST: ACCUMULATOR_OPS | BLOCK_OPS | {Ops.AXIS, Ops.ENDRANGE},
@@ -221,6 +224,12 @@ def _define_acc(u: UOp) -> str | None:
 
 
 def _acc_update(u: UOp) -> str | None:
+    if u.arg is not None:
+        return "combines (arg None) outside the block stage"
+    return _acc_update_sources(u)
+
+
+def _acc_update_sources(u: UOp) -> str | None:
     if len(u.src) < 3 or u.src[0].op is not Ops.DEFINE_ACC:
         return "takes (DEFINE_ACC, value, *reduce ranges)"
     if not u.dtype is u.src[0].dtype is u.src[1].dtype:
@@ -355,8 +364,29 @@ def _block_acc(u: UOp) -> str | None:
     return None if u.arg.block is not None else "a block accumulator needs AccArg.block"
 
 
+def _block_acc_update(u: UOp) -> str | None:
+    """An update combines, or replaces a tile accumulator's value with one computed from its ACC_PRIOR
+    (Note: a row's exponential sum in one pass, codegen/online_softmax.py)."""
+    if u.arg is AccUpdate.REPLACE:
+        acc = u.src[0] if u.src else None
+        if acc is None or acc.op is not Ops.DEFINE_ACC or acc.arg.block not in (AccBlock.TILE, AccBlock.ROWS):
+            return "replaces the value of a tile or row accumulator only"
+    elif u.arg is not None:
+        return "arg must be None (combine) or AccUpdate.REPLACE"
+    return _acc_update_sources(u)
+
+
+def _acc_prior(u: UOp) -> str | None:
+    if len(u.src) != 2 or u.src[0].op is not Ops.DEFINE_ACC or u.src[1].op is not Ops.RANGE:
+        return "takes (DEFINE_ACC, the loop RANGE it is read in)"
+    if u.src[0].arg.block not in (AccBlock.TILE, AccBlock.ROWS):
+        return "reads a tile or row accumulator only"
+    return None if u.dtype is u.src[0].dtype else "dtype differs from its accumulator's"
+
+
 BLOCKED_SPEC: dict[Ops, Rule] = {
     Ops.LOAD: _masked_load, Ops.STORE: _masked_store, Ops.CHECK: _masked_check, Ops.DEFINE_ACC: _block_acc,
     Ops.PROGRAM_ID: _block_leaf, Ops.BLOCK_SIZE: _block_leaf, Ops.ARANGE: _block_leaf,
     Ops.BLOCK_REDUCE: _block_reduce, Ops.BLOCK_SCAN: _block_scan, Ops.PHILOX4: _philox4, Ops.WORD: _word,
+    Ops.ACC_UPDATE: _block_acc_update, Ops.ACC_PRIOR: _acc_prior,
 }  # fmt: skip

@@ -15,11 +15,13 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ember.config import load as load_config
+from ember.metrics import metrics
 from ember.runtime.cpu import load_cached_kernel as load_kernel
 from ember.runtime.memory import empty_large
 from ember.runtime.search import search_cpu_kernel
 from ember.runtime.triton import TritonLauncher, import_module
 from ember.runtime.triton_pool import compile_pool
+from ember.runtime.triton_sized import launcher_type
 
 # Note: profiler ranges. Under torch.profiler, each kernel and extern call of a wrapper runs in
 # its own named range (`ember kernel_3: gelu, mul, sum`). A wrapper carries the source of that
@@ -125,7 +127,7 @@ def load_triton_kernel(root: str, relative: str, sha256: str, name: str, device:
     and the module's checksum (Note: cache safety). On a CUDA `device` its configurations are
     compiled from now on, in the compile pool (Note: the compile pool, runtime/triton_pool.py)."""
     module = import_module(root, relative, sha256, launch["interpret"])
-    launcher = TritonLauncher(module, name, **launch, root=root, relative=relative)
+    launcher = launcher_type(launch)(module, name, **launch, root=root, relative=relative)
     if device is not None and device.type == "cuda" and not launch["interpret"]:
         index = device.index if device.index is not None else torch.cuda.current_device()
         launcher.precompile(index, compile_pool(load_config().compile_threads))  # (the size: if made now)
@@ -190,19 +192,22 @@ class KernelErrorFlag:
 
 class GpuErrorFlags:
     """A row of device int64s per Triton kernel of a call that can fail, its error code and then
-    one reported value per code (Note: kernel errors on the GPU, renderer/triton.py), made per
-    call (threads running one graph each have theirs) and read once at the end of it, or later
-    (Note: deferred GPU error checks)."""
+    one reported value per code (Note: kernel errors on the GPU, renderer/triton.py), the call's own
+    (threads running one graph each have theirs) and read once at the end of it, or later (Note:
+    deferred GPU error checks). The rows are lent by the thread's pool and go back once read (Note:
+    error flags lent per thread); a recording's rows are its own, written by each replay."""
 
     def __init__(self, slots: int, device: torch.device, codes: int = 1) -> None:
         # rows of an even number of int64s, 16 bytes apart: every kernel's flag pointer is aligned,
         # so the kernels compiled ahead for aligned pointers are the ones launched (Note: ember
         # owns the Triton compile)
-        width = 2 * ((2 + codes) // 2)
-        self.flags = torch.zeros(slots, width, dtype=torch.int64, device=device)
+        shape = (slots, 2 * ((2 + codes) // 2))
+        recording = getattr(capture_state, "recorder", None) is not None
+        self.lent = None if recording else _take_flag_set(shape, torch.device(device))
+        self.flags = self.lent.flags if self.lent is not None else torch.zeros(shape, dtype=torch.int64, device=device)
 
     def slot(self, i: int) -> torch.Tensor:
-        return self.flags[i]
+        return self.lent.slots[i] if self.lent is not None else self.flags[i]
 
     def check(self, errors: list[list[tuple[str, str]]], deferred: bool = False) -> None:
         recorder = getattr(capture_state, "recorder", None)
@@ -210,17 +215,81 @@ class GpuErrorFlags:
             recorder.append((self, errors, deferred))
             return
         if not deferred or self.flags.device.type != "cuda":
-            _raise_first(self.flags.tolist(), errors, late=False)
+            rows = self.flags.tolist()
+            if self.lent is not None:
+                _give_back(self.lent, rows)
+            _raise_first(rows, errors, late=False)
             return
-        rows = torch.empty(self.flags.shape, dtype=torch.int64, pin_memory=True)
-        rows.copy_(self.flags, non_blocking=True)
-        event = torch.cuda.Event()
+        if self.lent is not None:
+            host, event = self.lent.rows, self.lent.read
+        else:  # a recording's rows: copied out after each replay
+            host, event = torch.empty(self.flags.shape, dtype=torch.int64, pin_memory=True), torch.cuda.Event()
+        assert host is not None and event is not None
+        host.copy_(self.flags, non_blocking=True)
         event.record()
         queue = _pending.queue
-        queue.append(_DeferredCheck(rows, event, errors))
+        queue.append(_DeferredCheck(host, event, errors, self.lent))
         if len(queue) > MAX_PENDING_CHECKS:  # the CPU is far ahead: wait for the oldest, bounding the queue
             queue[0].event.synchronize()
             report_earlier_gpu_errors()
+
+
+# Note: error flags lent per thread
+#   Making a call's flags (zeroed device rows, pinned host rows to copy them into, an event) cost
+#   about 28 us of CPU per call on an H100. Each thread keeps instead the flag sets its calls used,
+#   per device and shape, and lends one to each call; the call has it to itself until its rows are
+#   read (at its end, or by a later call once its copy's event completed), so every call still sees
+#   only its own errors. Rows that read all zeros are zero on the device too (nothing writes them
+#   after the call's kernels), so a set goes back as it is; one that held an error is zeroed first,
+#   and lent again only once that zeroing has completed (its `zeroed` event), whichever stream the
+#   next call runs on. A set whose call raised before reading its rows is never given back: the
+#   next call makes a new one. `ember.metrics.gpu_error_flag_sets` counts the sets made.
+MAX_FREE_FLAG_SETS = 8  # per thread, device and shape
+
+
+@dataclasses.dataclass(eq=False)
+class _FlagSet:
+    key: tuple[torch.device, tuple[int, int]]  # the device and shape it was asked for
+    flags: torch.Tensor  # on the device, zero when lent
+    slots: list[torch.Tensor]  # its rows, one per kernel (views made once, not per launch)
+    rows: torch.Tensor | None  # pinned host rows the deferred check copies into (CUDA only)
+    read: torch.cuda.Event | None  # recorded after that copy
+    zeroed: torch.cuda.Event | None  # recorded after the flags were zeroed (an error): lent once it completed
+
+
+class _FreeFlagSets(threading.local):
+    def __init__(self) -> None:
+        self.free: dict[tuple[torch.device, tuple[int, int]], collections.deque[_FlagSet]] = {}
+
+
+_free_flag_sets = _FreeFlagSets()
+
+
+def _take_flag_set(shape: tuple[int, int], device: torch.device) -> _FlagSet:
+    key = (device, shape)
+    free = _free_flag_sets.free.get(key)
+    if free and (free[0].zeroed is None or free[0].zeroed.query()):
+        return free.popleft()
+    metrics.add(gpu_error_flag_sets=1)
+    flags = torch.zeros(shape, dtype=torch.int64, device=device)
+    if device.type != "cuda":
+        return _FlagSet(key, flags, list(flags), None, None, None)
+    pinned = torch.empty(shape, dtype=torch.int64, pin_memory=True)
+    return _FlagSet(key, flags, list(flags), pinned, torch.cuda.Event(), None)
+
+
+def _give_back(lent: _FlagSet, rows: list[list[int]]) -> None:
+    """`lent` back to this thread's free sets, once its call's `rows` were read (Note: error flags
+    lent per thread)."""
+    lent.zeroed = None
+    if any(row[0] for row in rows):
+        lent.flags.zero_()
+        if lent.flags.device.type == "cuda":
+            lent.zeroed = torch.cuda.Event()
+            lent.zeroed.record()
+    free = _free_flag_sets.free.setdefault(lent.key, collections.deque())
+    if len(free) < MAX_FREE_FLAG_SETS:
+        free.append(lent)
 
 
 def _raise_first(rows: list[list[int]], errors: list[list[tuple[str, str]]], late: bool) -> None:
@@ -248,6 +317,7 @@ class _DeferredCheck:
     rows: torch.Tensor  # pinned host memory, filled when `event` completes
     event: torch.cuda.Event
     errors: list[list[tuple[str, str]]]
+    lent: _FlagSet | None = None  # the flag set to give back once `rows` are read (Note: error flags lent per thread)
 
 
 class _PendingChecks(threading.local):
@@ -268,7 +338,10 @@ def report_earlier_gpu_errors() -> None:
     queue = _pending.queue
     while queue and queue[0].event.query():
         check = queue.popleft()
-        _raise_first(check.rows.tolist(), check.errors, late=True)
+        rows = check.rows.tolist()
+        if check.lent is not None:
+            _give_back(check.lent, rows)
+        _raise_first(rows, check.errors, late=True)
 
 
 def check_gpu_errors() -> None:

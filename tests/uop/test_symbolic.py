@@ -565,3 +565,22 @@ def test_distributed_terms_make_equal_affine_indexes_equal():
     assert distributed_terms(nested) == distributed_terms(flat) == ({a: 65536, b: 1024, c: 1}, 0)
     assert distributed_terms((a + 3) * 2 + 5) == ({a: 2}, 11)
     assert distributed_terms(a // 2 + b) is None  # not affine in the ranges
+
+
+def test_a_checked_index_and_value_keeping_casts_carry_their_bounds():
+    """A CHECK passes on its safe value (an index clamped in range: Note: kernel errors) and an
+    integer cast that changes no value keeps its source's bounds, so a kernel gathering at a
+    checked position, or at a range cast through int64, indexes in int32 (codegen/blocks.py
+    `index_bits`), static or symbolic; a cast that may wrap keeps its dtype's bounds."""
+    from ember.uop.ops import CheckArg
+
+    position = load("idx", dtypes.int64).cast(dtypes.index)
+    clamped = position.alu(Ops.MAX, index(0)).alu(Ops.MIN, index(999))
+    ok = position.lt(index(1000))
+    check = UOp(Ops.CHECK, dtypes.index, (clamped, ok, position), CheckArg("IndexError", "index {value}"))
+    assert (check.vmin, check.vmax) == (0, 999)
+    through_int64 = r2.cast(dtypes.int64).cast(dtypes.index)
+    assert (through_int64.vmin, through_int64.vmax) == (0, 15)
+    wrapping = (r2 * 20).cast(dtypes.int8)
+    assert (wrapping.vmin, wrapping.vmax) == (dtypes.int8.min, dtypes.int8.max)
+    assert (position.vmin, position.vmax) == (dtypes.index.min, dtypes.index.max)
