@@ -83,7 +83,8 @@ def _compile_graph(
     record = new_graph_record(role, key)  # Note: report records (debug/record.py); None without a report
     if call is None:
         debug.write("fx_graph.txt", received)
-        debug.write("fx_graph_after_passes.txt", gm.print_readable(print_output=False))
+        if debug.wants("fx_graph_after_passes.txt"):  # printing a large graph takes a tenth of a second
+            debug.write("fx_graph_after_passes.txt", gm.print_readable(print_output=False))
         call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings, original, record)
         summary.pass_rewrites = dict(rewrites)
         if config.graph_cache and not config.verify and record is None:  # off means neither loaded nor written
@@ -134,7 +135,8 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
             ordered_reductions=caps.ordered_reductions,
         )
         backend.prepare(graph, lowering, config)
-    debug.write("ir.txt", describe_ir(graph))
+    if debug.wants("ir.txt"):
+        debug.write("ir.txt", describe_ir(graph))
     with stage("schedule", timings):
         scheduled = schedule(graph, fusion=config.fusion, blocks=backend.capabilities.blocks is not None)
         steps = scheduled.steps

@@ -25,6 +25,7 @@ from ember.collector import collection_paused
 from ember.compile_graph import compile_graph
 from ember.compile_symbolic import compile_symbolic, record_fallback
 from ember.errors import EmberError, warn_at_user_code
+from ember.frame_chunks import call_with_frame_room
 from ember.lower.decompositions import corrected_autograd_kernels, decomposition_table
 from ember.metrics import metrics
 from ember.passes.eager_memory import INPUTS_HELD
@@ -70,7 +71,8 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
     start, ember_seconds = time.perf_counter(), metrics.compile_seconds.total()
     try:
         with corrected_autograd_kernels(), collection_paused():  # Note: no garbage collection while compiling
-            return backend(gm, example_inputs)
+            # AOTAutograd's tracing and torch's partitioner (Note: frame stack chunks, frame_chunks.py)
+            return call_with_frame_room(backend, gm, example_inputs)
     except RestartAnalysis:  # dynamo's control flow (e.g. float scalars made tensors): it traces again
         raise
     except Exception as e:
@@ -91,7 +93,7 @@ def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], con
         if role in ("forward", "inference"):
             gm.meta[INPUTS_HELD] = True
         with collection_paused():
-            compiled = compile_symbolic(gm, example_inputs, config, role)
+            compiled = call_with_frame_room(compile_symbolic, gm, example_inputs, config, role)
         if not isinstance(compiled, str):
             return compiled
         record_fallback(compiled, role, config)
@@ -101,7 +103,7 @@ def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], con
         gm.meta[INPUTS_HELD] = True
     try:
         with collection_paused():  # a backward compiles at its first call, outside ember_backend
-            return compile_graph(gm, example_inputs, config, role)
+            return call_with_frame_room(compile_graph, gm, example_inputs, config, role)
     except Exception as e:
         if config.strict:
             raise

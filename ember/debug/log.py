@@ -50,6 +50,10 @@ class DebugDump:
             (self.folder / "kernels").mkdir(parents=True, exist_ok=True)
             print(f"ember: debug dump of this graph in {self.folder.resolve()}", file=sys.stderr)
 
+    def wants(self, name: str) -> bool:
+        """Whether `write(name, ...)` keeps the text anywhere: a caller skips making a costly one."""
+        return self.enabled or self.captured is not None or (self.log_code and name.startswith(CODE_FILES))
+
     def write(self, name: str, text: str) -> None:
         if self.captured is not None:
             self.captured[name] = text

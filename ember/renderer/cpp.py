@@ -239,8 +239,9 @@ def cos_alias_declarations(code: str, simd_math: tuple[tuple[str, int], ...]) ->
     cos, and `const` (no errno: -fno-math-errno), which the builtin cos is without saying: a call
     gcc thinks may write memory keeps the loop's loads from being if-converted and vectorized."""
     simd = 'simd("notinbranch"), ' if ("cos", 1) in simd_math else ""
+    called = called_functions(code)
     lines = [f'__attribute__(({simd}const)) {ctype} ember_cos{suffix}({ctype}) noexcept __asm__("cos{suffix}");'
-             for ctype, suffix in LIBM_TYPES if calls(code, f"ember_cos{suffix}")]  # fmt: skip
+             for ctype, suffix in LIBM_TYPES if f"ember_cos{suffix}" in called]  # fmt: skip
     return extern_c_block(lines)
 
 
@@ -297,9 +298,10 @@ def simd_declarations(functions: tuple[tuple[str, int], ...], code: str) -> str:
     vectorized loops: about 10x on transcendental-heavy loops, accurate to a few ulp. Only the
     functions `code` calls are declared."""
     lines = []
+    called = called_functions(code)
     for name, arity in functions:
         for ctype, suffix in LIBM_TYPES:
-            if calls(code, f"{name}{suffix}"):
+            if f"{name}{suffix}" in called:
                 params = ", ".join([ctype] * arity)
                 lines.append(f'__attribute__((simd("notinbranch"))) {ctype} {name}{suffix}({params}) noexcept;')
     return extern_c_block(lines)
@@ -308,7 +310,17 @@ def simd_declarations(functions: tuple[tuple[str, int], ...], code: str) -> str:
 def calls(code: str, function: str) -> bool:
     """Whether `code` calls the C function `function`, by name or as a gcc builtin (which binds to
     the same declaration)."""
-    return re.search(rf"(?<![\w.:]){re.escape(function)}\(|__builtin_{re.escape(function)}\(", code) is not None
+    return function in called_functions(code)
+
+
+_CALLED_NAME = re.compile(r"(?<![\w.:])([A-Za-z_]\w*)\(")  # a name called, not a member's or a namespace's
+_CALLED_BUILTIN = re.compile(r"__builtin_(\w+)\(")
+
+
+def called_functions(code: str) -> frozenset[str]:
+    """Every C function `code` calls, by name or as a gcc builtin (`__builtin_expf(` calls expf):
+    one scan of the source, where asking per function scanned it once per libm function."""
+    return frozenset(_CALLED_NAME.findall(code)) | frozenset(_CALLED_BUILTIN.findall(code))
 
 
 def extern_c_block(lines: list[str]) -> str:

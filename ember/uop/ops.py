@@ -302,7 +302,7 @@ class _UOpMeta(type):
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
         # floats key by repr: 0.0 == -0.0 and nan != nan must not merge or split constants
         arg_key = repr(arg) if isinstance(arg, float) else arg
-        key = (op, dtype, tuple(id(s) for s in src), arg_key, type(arg))
+        key = (op, dtype, tuple(map(id, src)), arg_key, type(arg))
         if (found := _UOpMeta._interned.get(key)) is not None:
             return found
         with _UOpMeta._intern_lock:  # a miss: look again and make it as one step (Note: UOp interning)
@@ -517,11 +517,13 @@ def bounds(u: UOp) -> tuple[int | float, int | float]:
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
     """`root` with every occurrence of a key of `mapping` replaced by its value."""
     done: dict[UOp, UOp] = dict(mapping)
+    replaced = done.__getitem__
     for u in root.toposort:
         if u in done:
             continue
-        new_src = tuple(done[s] for s in u.src)
-        done[u] = u if all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
+        new_src = tuple(map(replaced, u.src))
+        # UOps compare by identity, so == on the tuples asks whether every source is the same object
+        done[u] = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg)
     return done[root]
 
 
