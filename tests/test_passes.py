@@ -544,6 +544,23 @@ def test_channels_last_is_undone_when_the_forward_saves_activations():
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
+def test_a_view_of_an_nhwc_activation_becomes_a_reshape():
+    """Eager flattens a convolution's NCHW result with a view ((N, C, H, W) -> (N * C, H * W));
+    the same view of the NHWC result this pass makes does not exist (ResNet-50's training graph
+    fell back to eager on it): it becomes a reshape, and the convolution still reads NHWC."""
+
+    class Flattened(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.head = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(36, 4)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.conv(x)).view(16, 36))
+
+    check_inference(Flattened().eval(), data((2, 3, 6, 6)))
+    assert ember.metrics.pass_rewrites["channels_last"] == 1
+
+
 def test_channels_last_convnet_matches_eager_without_onednn_fusion():
     model = eval_model(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3),
                        nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3))  # fmt: skip

@@ -55,10 +55,28 @@ def repropagate(graph: torch.fx.Graph, changed: set[torch.fx.Node]) -> None:
     for node in graph.nodes:
         if node.op != "call_function" or (node not in changed and not changed.intersection(node.all_input_nodes)):
             continue
-        old, node.meta["val"] = node.meta.get("val"), fake_value(node)
+        old, node.meta["val"] = node.meta.get("val"), _fake_value_of_moved(node)
         if node not in changed and _same_layouts(old, node.meta["val"]):
             continue
         changed.add(node)
+
+
+# views whose new input layout may not be viewable as asked, and the op that gives the same values
+VIEW_OR_COPY = {torch.ops.aten.view.default: torch.ops.aten.reshape.default,
+                torch.ops.aten._unsafe_view.default: torch.ops.aten.reshape.default}  # fmt: skip
+
+
+def _fake_value_of_moved(node: torch.fx.Node) -> Any:
+    """`node`'s fake value over inputs whose layout changed. A view the new layout cannot give (an
+    NHWC activation flattened to (N * C, H * W), which eager viewed in NCHW) becomes a reshape:
+    the same values, copied where no view has them; lowering reads either as index math."""
+    try:
+        return fake_value(node)
+    except (RuntimeError, ValueError):  # (torch raises either, by version and path)
+        if node.target not in VIEW_OR_COPY:
+            raise
+        node.target = VIEW_OR_COPY[node.target]  # type: ignore[index]
+        return fake_value(node)
 
 
 def _same_layouts(a: Any, b: Any) -> bool:
