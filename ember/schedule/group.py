@@ -151,12 +151,12 @@ def unsafe_in_place_read(group: list[ComputedBuffer], bodies: dict[str, UOp], al
     reduction's loops reading it again after the store, would see the new contents. So every
     read of such an input anywhere in the group is at the stored element (in the group's loops),
     and the group has no reductions. The reason it is unsafe, or None."""
+    if not any(c.buffer.kind == "input" for c in group):  # (the common case: asked of every candidate)
+        return None
     _, placements = alignment
     in_group = [{axis(i): axis(dim) for i, dim in enumerate(placement)} for placement in placements]
     stored = {c.name: element_form(substitute(_element_index(c), to_group))
               for c, to_group in zip(group, in_group) if c.buffer.kind == "input"}  # fmt: skip
-    if not stored:
-        return None
     for c, to_group in zip(group, in_group):
         for u in bodies[c.name].toposort:
             if u.op in (Ops.REDUCE, Ops.SCAN):
