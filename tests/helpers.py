@@ -25,6 +25,24 @@ def compile_fn(fn: Callable) -> Callable:
     return torch.compile(fn, backend="ember", dynamic=False)
 
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# Triton tests run on CPU tensors through the interpreter, or on a GPU machine on CUDA tensors
+needs_triton = pytest.mark.skipif(
+    not INTERPRETED and not torch.cuda.is_available(),
+    reason="Triton's interpreter needs TRITON_INTERPRET=1 at start-up (or run on a GPU)",
+)
+
+
+def use_triton(monkeypatch) -> None:
+    """The test's kernels are Triton's: CPU tensors through the interpreter (TRITON_INTERPRET=1),
+    else CUDA tensors compiled for the device (see `needs_triton`)."""
+    if INTERPRETED:
+        monkeypatch.setenv("EMBER_BACKEND", "triton")
+        monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")
+    else:
+        monkeypatch.setenv("EMBER_TEST_DEVICE", "cuda")
+
+
 def test_device() -> str:
     """EMBER_TEST_DEVICE=cuda runs every `check` on the GPU (Triton kernels); eager stays the
     reference on the CPU."""

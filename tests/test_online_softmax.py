@@ -5,30 +5,20 @@ float64 eager on rows longer than one block (so the looped variant runs), with i
 where the running maximum changes, and `ember.metrics.reduce_loops` showing that the looped variant
 walks such a row once."""
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import ember
-from tests.helpers import check, check_lowered
+from tests.helpers import check, check_lowered, needs_triton, use_triton
 from tests.test_triton import force_launch
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-pytestmark = pytest.mark.skipif(
-    not INTERPRETED and not torch.cuda.is_available(),
-    reason="Triton's interpreter needs TRITON_INTERPRET=1 at start-up (or run on a GPU)",
-)
+pytestmark = needs_triton
 
 
 @pytest.fixture(autouse=True)
 def _triton_backend(monkeypatch):
-    if INTERPRETED:  # CPU tensors through the Triton renderer
-        monkeypatch.setenv("EMBER_BACKEND", "triton")
-        monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")
-    else:  # on a GPU machine: CUDA tensors, Triton compiled for the device
-        monkeypatch.setenv("EMBER_TEST_DEVICE", "cuda")
+    use_triton(monkeypatch)
 
 
 @pytest.fixture(params=["row", "lane"])

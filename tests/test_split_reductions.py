@@ -17,25 +17,17 @@ import torch
 import ember
 from ember.lower.split_reductions import SplitPolicy
 from tests import test_reductions
-from tests.helpers import check
+from tests.helpers import INTERPRETED, check, needs_triton, use_triton
 from tests.test_triton import _subset
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-pytestmark = pytest.mark.skipif(
-    not INTERPRETED and not torch.cuda.is_available(),
-    reason="Triton's interpreter needs TRITON_INTERPRET=1 at start-up (or run on a GPU)",
-)
+pytestmark = needs_triton
 
 SMALL = 32  # reductions of at least this many elements split (chunks of 2 or more)
 
 
 @pytest.fixture(autouse=True)
 def _triton_backend(monkeypatch):
-    if INTERPRETED:  # CPU tensors through the Triton renderer
-        monkeypatch.setenv("EMBER_BACKEND", "triton")
-        monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")
-    else:  # on a GPU machine: CUDA tensors, Triton compiled for the device
-        monkeypatch.setenv("EMBER_TEST_DEVICE", "cuda")
+    use_triton(monkeypatch)
     monkeypatch.setenv("EMBER_SPLIT_REDUCTIONS", str(SMALL))
 
 
