@@ -159,8 +159,7 @@ class LoweringContext:
             return a
         if matmul:
             return self.realize(a, origin, matmul_operand_layout(a))
-        read, eager = as_strided_read(a), dense_layout(meta, a.shape) or gapped_layout(meta, a.shape)
-        if eager is not None and (read is None or not same_strides(read[1], eager)):
+        if (eager := eager_argument_layout(a, meta)) is not None:
             return self.realize(a, origin, eager, fresh=True)
         return with_eager_unit_strides(self.realize(a, origin), meta)
 
@@ -175,6 +174,15 @@ class LoweringContext:
         repeats = any(st == 0 and size > 1 for size, st in zip(shape, stride))
         layout = Layout.contiguous(shape) if repeats else Layout(shape, stride, 0)
         return self.add_buffer(Buffer(self.new_name(), dtype, layout, "extern"))
+
+
+def eager_argument_layout(a: TensorValue, meta: Any) -> Layout | None:
+    """The layout an extern call's argument `a` is copied into, eager's (Note: extern arguments in
+    eager's strides), or None where the call is given `a` as it is read."""
+    read, eager = as_strided_read(a), dense_layout(meta, a.shape) or gapped_layout(meta, a.shape)
+    if eager is not None and (read is None or not same_strides(read[1], eager)):
+        return eager
+    return None
 
 
 def _returns_alias(op: Any) -> bool:

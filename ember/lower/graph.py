@@ -28,6 +28,7 @@ from ember.lower.collectives import communication_of
 from ember.lower.context import (
     MATMUL_OPS,
     LoweringContext,
+    eager_argument_layout,
     matmul_operand_layout,
     same_strides,
     with_eager_unit_strides,
@@ -210,6 +211,9 @@ def _maybe_realize(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue
         if layout is not None:  # pooling NHWC activations: channels stay innermost, as eager's result
             return load(ctx.buffers[ctx.realize(value, node.name, layout).name], layout)
         return ctx.realized(value, node.name)
+    if (layout := _layout_for_several_externs(node, value)) is not None:
+        ref = ctx.realize(value, node.name, layout, fresh=True)  # Note: one copy for several extern calls
+        return load(ctx.buffers[ref.name], ref.layout)
     if _feeds_extern_kernel(node) and as_strided_read(value) is None:
         # in eager's layout: views of it (saved for backward, returned) then have eager's strides;
         # an operand only matmuls read may be column-major (Note: transposed matmul operands)
@@ -295,6 +299,28 @@ def _feeds_extern_kernel(node: torch.fx.Node) -> bool:
         if user.target in VIEW_OPS and _feeds_extern_kernel(user):
             return True
     return False
+
+
+# Note: one copy for several extern calls
+# A value that is a plain read of another buffer is not realized where it is computed: each extern
+# call reading it copies it into eager's layout where that differs (Note: extern arguments in
+# eager's strides, lower/context.py). Read by several calls, as T5's attention bias (one
+# `position_bias.contiguous()` for six attention calls once the per-layer copies are merged,
+# passes/cse.py), that is one copy per call, each written and read once. Such a value is
+# realized once, in eager's layout, where it is computed: the calls are given that buffer as is.
+
+
+def _layout_for_several_externs(node: torch.fx.Node, value: TensorValue) -> Layout | None:
+    """Eager's layout for a plain read that extern calls (not matmuls, which read any strides)
+    take directly more than once and would each copy into it, else None."""
+    if as_strided_read(value) is None:
+        return None
+    uses = 0
+    for user in node.users:
+        packet = getattr(user.target, "overloadpacket", None) if user.op == "call_function" else None
+        if packet in EXTERN_KERNELS and packet not in MATMUL_OPS:
+            uses += sum(1 for a in tree_flatten((user.args, user.kwargs))[0] if a is node)
+    return eager_argument_layout(value, node.meta.get("val")) if uses > 1 else None
 
 
 def _only_matmuls_read(node: torch.fx.Node) -> bool:

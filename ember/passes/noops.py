@@ -35,7 +35,7 @@ def copy_of(node: torch.fx.Node, x: object) -> torch.fx.Node | None:
     that names a memory format is a layout request (layout.py) that lowering honours: kept."""
     if "memory_format" in node.kwargs or not isinstance(x, torch.fx.Node) or not _same_value(node, x):
         return None
-    if _input_view(x) and _returned(node):
+    if _input_view(x) and returned(node):
         return None
     return x
 
@@ -63,10 +63,10 @@ def _input_view(node: torch.fx.Node) -> bool:
     return node.op == "placeholder"
 
 
-def _returned(node: torch.fx.Node) -> bool:
+def returned(node: torch.fx.Node) -> bool:
     """Does the graph return `node`, or a view of it?"""
     for user in node.users:
-        if user.op == "output" or (user.op == "call_function" and user.target in VIEWS and _returned(user)):
+        if user.op == "output" or (user.op == "call_function" and user.target in VIEWS and returned(user)):
             return True
     return False
 
