@@ -91,4 +91,3 @@ def test_two_returned_copies_keep_their_own_storage():
     assert out[0].data_ptr() != out[1].data_ptr()
     out[0].zero_()  # the caller owns each output: writing one leaves the other as it was
     torch.testing.assert_close(out[1], x.t().contiguous().view(-1))
-
