@@ -25,7 +25,7 @@ from ember.config import Config
 from ember.debug.log import DebugDump, describe_fusion, describe_ir
 from ember.debug.progress import CompileProgress, StageTimes, logger
 from ember.debug.provenance import profiler_labels, step_origins
-from ember.debug.record import GraphRecord, is_recording, new_graph_record
+from ember.debug.record import GraphRecord, buffer_bytes, is_recording, new_graph_record
 from ember.errors import EmberError, stage
 from ember.lower import lower_graph
 from ember.metrics import metrics
@@ -39,6 +39,7 @@ from ember.runtime.cuda_graphs import CudaGraphRunner
 from ember.runtime.search import machine_identity
 from ember.schedule import KernelStep, schedule
 from ember.schedule.nodes import mutated_buffers
+from ember.uop.variables import size_hint
 from ember.wrapper.python import WrapperSource, generate_wrapper, load_wrapper
 from ember.wrapper.verify import VerifiedGraph
 
@@ -184,6 +185,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         tiled_kernels=generated.tiled_kernels, mutated_inputs=mutated_inputs(graph, steps),
         inputs_written_in_place=len(graph.mutated_inputs),
         collectives=len(scheduled.overlaps), overlapped_kernels=sum(o.kernels for o in scheduled.overlaps),
+        kernel_bytes=sum(kernel_bytes(graph, s) for s in steps if isinstance(s, KernelStep)),
     )  # fmt: skip
     call = record.in_profiler_range(call) if record is not None else call
     return _finish(call, path, summary), wrapper.source, wrapper.objects, summary
@@ -224,6 +226,11 @@ def mutated_inputs(graph, steps: list) -> list[int]:
     return [i for i, b in enumerate(graph.inputs) if b.name in written]
 
 
+def kernel_bytes(graph, step: KernelStep) -> int:
+    """What one kernel reads and writes, in bytes (ember.metrics.kernel_bytes)."""
+    return int(size_hint(buffer_bytes(graph, (*step.reads, *step.writes))))
+
+
 def log_stages(timings: dict[str, float]) -> None:
     """One `logging` record per stage (logger "ember", DEBUG), with its seconds."""
     for name, seconds in timings.items():
@@ -236,6 +243,7 @@ def _record(summary, timings: dict[str, float]) -> None:
         kernels_generated=summary.kernels,
         tiled_kernels=summary.tiled_kernels,
         inputs_written_in_place=summary.inputs_written_in_place,
+        kernel_bytes=summary.kernel_bytes,
         fusions=summary.fusions,
         fusion_refusals=summary.refusals,
         extern_calls=summary.extern_calls,

@@ -32,6 +32,9 @@ class Metrics:
     # codegen/shared_loops.py; Note: independent reductions share a looped phase, codegen/block_lowering.py)
     reduce_loops: int = 0
     extern_calls: int = 0  # all aten calls in wrappers (fallbacks included)
+    # bytes ember's kernels read and write per call of their graphs, summed over graphs: each buffer a
+    # kernel touches counted once at its whole size (static shapes; a symbolic one counts its hint)
+    kernel_bytes: int = 0
     fallback_calls: int = 0  # aten calls for ops ember has no lowering for
     fallback_ops: Counter = field(default_factory=Counter)
     inputs_written_in_place: int = 0  # graph inputs kernels store into (Note: inputs written in place)

@@ -38,7 +38,7 @@ from ember.lower.registry import EXTERN_BY_DESIGN, FULL_PRECISION_ONLY, Unsuppor
 from ember.lower.values import TensorValue, as_strided_read, axis, const_index, load
 from ember.passes.mkldnn import linear_by_size
 from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
-from ember.uop.ops import Ops
+from ember.uop.ops import Ops, UOp
 from ember.uop.symbolic import simplify
 from ember.uop.variables import size_hint
 
@@ -223,9 +223,38 @@ def _maybe_realize(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue
     opcount = sum(1 for u in nodes if u.dtype.kind != "index")
     if opcount > MAX_INLINE_OPCOUNT or (len(node.users) > 1 and opcount > REUSE_OPCOUNT):
         return ctx.realized(value, node.name)
+    if len(node.users) > 1 and _full_size_reads(ctx, nodes, value) > REUSE_READS:
+        return ctx.realized(value, node.name)  # Note: a sum of many buffers is realized
     if _recomputed_under_broadcast(node, nodes):
         return ctx.realized(value, node.name)
     return value
+
+
+# Note: a sum of many buffers is realized
+# A pointwise value is inlined into each of its readers. A residual stream (x + attention + mlp +
+# attention + ...) stays cheap in ops, so it was inlined layer after layer: each RMSNorm of the
+# LLaMA-style model read every earlier layer's output (up to seven buffers) twice, once for its
+# mean and once to normalize, until the op count passed REUSE_OPCOUNT. A value read by several
+# readers that reads more than REUSE_READS buffers of its own size is realized (inductor's
+# `realize_reads_threshold` plays the same role): one write and one read per reader instead of
+# every buffer per reader. Broadcast reads (a bias, a norm's weight) do not count: they are small.
+REUSE_READS = 4
+
+
+def _full_size_reads(ctx: LoweringContext, nodes: list[UOp], value: TensorValue) -> int:
+    """How many distinct buffers of at least `value`'s element count its body loads."""
+    numel = 1
+    for size in value.shape:
+        numel *= size_hint(size)
+    names = {u.src[0].src[0].arg.name for u in nodes if u.op is Ops.LOAD}
+    return sum(1 for name in names if name in ctx.buffers and _elements(ctx.buffers[name]) >= numel)
+
+
+def _elements(buffer: Buffer) -> int:
+    count = 1
+    for size in buffer.layout.size:
+        count *= size_hint(size)
+    return count
 
 
 # Note: values recomputed under a broadcast

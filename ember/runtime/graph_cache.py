@@ -36,6 +36,7 @@ class GraphSummary:
     overlapped_kernels: int = 0  # ember kernels run between a collective and its wait, summed over collectives
     mutated_inputs: list[int] = field(default_factory=list)  # inputs the graph writes into (runtime/cuda_graphs.py)
     inputs_written_in_place: int = 0  # (Note: inputs written in place, lower/mutation.py)
+    kernel_bytes: int = 0  # bytes the kernels read and write (ember.metrics.kernel_bytes)
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], config_key: str, identity: str) -> str:
