@@ -5,8 +5,9 @@ compile runs the original eagerly); lowering sees the result. The steps, in orde
 
   pre_passes     the user's callables (config), each given the torch.fx.Graph
   noops          x+0, x*1, same-dtype conversions, views that end where they began (noops.py)
-  cse            equal pure calls (a per-layer copy of one attention bias) -> one call (cse.py)
   attention      softmax(q @ k^T * c) @ v written out -> one flash-attention call (attention.py)
+  cse            equal pure calls (a per-layer copy of one attention bias) -> one call (cse.py);
+                 after attention, whose patterns ask for values with one reader
   channels_last  2-d convolutions read NHWC activations (layout.py)
   mkldnn         linear / convolution + bias + activation as one oneDNN call where that fuses a
                  pass; an addmm left whose readers are ember kernels -> mm + bias (mkldnn.py)
@@ -46,8 +47,8 @@ def run_passes(gm: torch.fx.GraphModule, config: Config) -> tuple[torch.fx.Graph
     run_user_passes("pre_passes", config.pre_passes, graph)
     if config.passes:
         rewrites["noops"] += noops.remove_noops(graph)
-        rewrites["cse"] += cse.eliminate_common_subexpressions(graph)
         rewrites["attention"] += attention.pm_flash_attention.apply(graph)
+        rewrites["cse"] += cse.eliminate_common_subexpressions(graph)
         if config.conv_channels_last:
             rewrites["channels_last"] += layout.channels_last_convolutions(graph)
         if config.mkldnn_fusion and mkldnn.applicable():
