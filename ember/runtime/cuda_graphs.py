@@ -10,8 +10,9 @@ Note: CUDA graphs
     while every address it baked in holds what this call means, so a `CudaGraphRunner`:
       - runs the first call as is (a warm-up: Triton's autotuning, cuBLAS's workspace, lazily
         moved constants), watching what the call does that a graph cannot replay: CPU tensor
-        inputs, random ops (ember's Triton kernels take their seed by value, so a replay would
-        repeat the same numbers). Such a graph runs as is ever after, with one warning naming why;
+        inputs other than 0-d ones, a random seed taken by value (see below). Such a graph runs
+        as is ever after, with one warning naming why. A 0-d CPU tensor (a scalar eager mixes in,
+        as a loss's count of targets) is a static input from the start, on the device;
       - records at the second call. An input is read where it lies (its address is baked in)
         until a call brings it at another address: from then on it is copied into a buffer of
         the recording (a "static input") before each replay, and the graph is recorded again.
@@ -31,6 +32,16 @@ Note: CUDA graphs
         copying inputs and replaying, and each replay's stream waits for the previous replay of
         that recording to finish (static inputs are overwritten only after it read them).
     Every recording, replay and refusal is counted in `ember.metrics` (cuda_graph_*).
+
+Note: random numbers in CUDA graphs
+    ember's Triton kernels take the random seed by value (an int argument: no device buffer to
+    fill per call), which a recording would bake in, repeating the same dropout mask at every
+    replay. With CUDA graphs on (`config.cuda_graphs`, in the cache key), the seed is a one-element
+    device buffer the kernels load instead (compile_triton.py `seed_in_memory`): the wrapper's
+    `random_seed_on` fills a fresh one per call, and while recording hands out a buffer of the
+    recording, which `_replay` fills with a fresh draw from torch's generator before each replay,
+    on the replay's stream. So dropout-trained models replay, and `torch.manual_seed` still
+    reproduces a run. A graph compiled with the seed by value refuses recording, as before.
 """
 
 from __future__ import annotations
@@ -45,7 +56,7 @@ from typing import Any
 import torch
 
 from ember.metrics import metrics
-from ember.wrapper.runtime import capture_state
+from ember.wrapper.runtime import capture_state, draw_seed
 
 log = logging.getLogger("ember")
 
@@ -108,6 +119,7 @@ class _Recording:
     storages: list[torch.UntypedStorage]  # pool storages the outputs lie on
     outputs: list[_Output]
     error_checks: list = field(default_factory=list)  # (GpuErrorFlags, errors, deferred) recorded in it
+    seeds: list = field(default_factory=list)  # its random seeds' device buffers, drawn afresh per replay
     done: torch.cuda.Event | None = None  # recorded after its last replay
 
     def matches(self, args: list) -> bool:
@@ -154,7 +166,11 @@ class CudaGraphRunner:
             return self._replay(recording, args)
 
     def _warm_up(self, args: list) -> list:
-        host = [(i, x.device) for i, x in enumerate(args) if isinstance(x, torch.Tensor) and x.device.type != "cuda"]
+        on_host = [(i, x) for i, x in enumerate(args) if isinstance(x, torch.Tensor) and x.device.type != "cuda"]
+        scalars = {i for i, x in on_host if x.dim() == 0 and i not in self.mutated_inputs}
+        host = [f"input {i} (shape {tuple(x.shape)}, {x.dtype}) is on {x.device}"
+                for i, x in on_host if i not in scalars]  # fmt: skip
+        self._copied |= scalars  # 0-d host tensors: copied to a device buffer of the recording before each replay
         probe = capture_state.probe = _Probe()
         try:
             outputs = self.call(args)
@@ -162,10 +178,10 @@ class CudaGraphRunner:
             capture_state.probe = None
         self._warmed_up = True
         if host:
-            self.refuse(f"input {host[0][0]} is on {host[0][1]} (a CUDA graph reads device memory only)")
+            self.refuse(f"{host[0]} (a CUDA graph reads device memory only)")
         elif probe.random:
-            self.refuse("it draws random numbers (dropout, rand): ember's Triton kernels take their seed by value, "
-                         "so a replay would repeat the same numbers")  # fmt: skip
+            self.refuse("it draws random numbers with a seed its kernels take by value (compiled without "
+                         "cuda_graphs), so a replay would repeat the same numbers")  # fmt: skip
         return outputs
 
     def refuse(self, reason: str) -> None:
@@ -210,13 +226,15 @@ class CudaGraphRunner:
         addresses, copied = {}, []
         for i, x in enumerate(args):
             if isinstance(x, torch.Tensor) and i in self._copied:
-                inputs[i] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+                device = x.device if x.device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
+                inputs[i] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device).copy_(x)
                 copied.append(i)
             else:
                 addresses[i] = _placement(x)
         graph = torch.cuda.CUDAGraph()
         checks: list = []
-        capture_state.recorder = checks
+        seeds: list = []
+        capture_state.recorder, capture_state.seeds = checks, seeds
         try:
             with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(), capture_error_mode="thread_local"):
                 outputs = self.call(list(inputs))
@@ -224,11 +242,11 @@ class CudaGraphRunner:
             self.refuse(f"recording failed: {type(e).__name__}: {e}")
             return None
         finally:
-            capture_state.recorder = None
+            capture_state.recorder, capture_state.seeds = None, None
         self._records += 1
         metrics.add(cuda_graphs_recorded=1)
         storages, rebuilt = _describe_outputs(outputs, inputs)
-        recording = _Recording(graph, inputs, addresses, copied, storages, rebuilt, checks)
+        recording = _Recording(graph, inputs, addresses, copied, storages, rebuilt, checks, seeds)
         held = {o.index for o in rebuilt if o.kind == "held"}
         weakref.finalize(recording, _release_outputs, _hold_outputs([storages[i] for i in sorted(held)]))
         return recording
@@ -239,6 +257,8 @@ class CudaGraphRunner:
             stream.wait_event(recording.done)
         for i in recording.copied:
             recording.inputs[i].copy_(args[i])
+        for seed in recording.seeds:  # Note: random numbers in CUDA graphs
+            seed.fill_(draw_seed())
         recording.graph.replay()
         outputs = _rebuild_outputs(recording, args)
         recording.done = torch.cuda.Event()
