@@ -211,6 +211,30 @@ def test_deferred_error_checks_of_the_warm_up_call_do_not_stop_the_recording():
 
 
 @cuda
+def test_small_outputs_of_several_dtypes_stay_right_while_kept():
+    """Note: one copy per replay: small outputs are packed into one buffer per replay, each a
+    tensor of its own that later replays never overwrite."""
+
+    def fn(x):
+        return x.sum(), x.argmax(), x > 0, x.half() * 2, x[:3] + 1, (x * 3).reshape(10, 10).t()
+
+    f = compiled(fn)
+    kept = []
+    for k in range(6):
+        x = torch.randn(100, device="cuda") + k
+        kept.append((x, f(x)))
+    assert metrics.cuda_graph_replays >= 4 and metrics.cuda_graph_refusals == 0
+    for x, got in kept:
+        for g, w in zip(got, fn(x)):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    got = kept[-1][1]
+    got[0].add_(100)  # each output is its own tensor: writing one changes no other
+    torch.testing.assert_close(got[1], fn(kept[-1][0])[1])
+    torch.testing.assert_close(got[4], fn(kept[-1][0])[4])
+
+
+@cuda
 def test_threads_sharing_a_graph_get_their_own_results():
     f = compiled(lambda x: (x * 3).cos() + x)
     f(torch.randn(1 << 16, device="cuda"))  # warm up and record before the threads start
@@ -236,12 +260,23 @@ def test_threads_sharing_a_graph_get_their_own_results():
 
 @cuda
 def test_cpu_input_is_refused_with_a_reason(caplog):
-    f = compiled(lambda x, s: x * s)
+    f = compiled(lambda x, i: x[i] * 2)
+    x, i = torch.arange(8.0, device="cuda"), torch.tensor([1, 5])
     with caplog.at_level("WARNING", logger="ember"):
         for _ in range(3):
-            out = f(torch.ones(8, device="cuda"), torch.tensor(3.0))
-    torch.testing.assert_close(out, torch.full((8,), 3.0, device="cuda"))
-    assert metrics.cuda_graph_refusals == 1 and "cpu" in caplog.text
+            out = f(x, i)
+    torch.testing.assert_close(out, x[i.cuda()] * 2)
+    assert metrics.cuda_graph_refusals == 1 and "input 1 (shape (2,), torch.int64) is on cpu" in caplog.text
+
+
+@cuda
+def test_a_0d_cpu_input_is_copied_in_before_each_replay():
+    f = compiled(lambda x, s: x * s)
+    x = torch.ones(8, device="cuda")
+    for k in range(5):
+        torch.testing.assert_close(f(x, torch.tensor(float(k))), torch.full((8,), float(k), device="cuda"))
+    assert metrics.cuda_graph_refusals == 0 and metrics.cuda_graphs_recorded == 1
+    assert metrics.cuda_graph_replays == 4
 
 
 @cuda

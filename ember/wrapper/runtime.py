@@ -252,8 +252,8 @@ class GpuErrorFlags:
             return
         if self.lent is not None:
             host, event = self.lent.rows, self.lent.read
-        else:  # a recording's rows: copied out after each replay
-            host, event = torch.empty(self.flags.shape, dtype=torch.int64, pin_memory=True), torch.cuda.Event()
+        else:  # a recording's rows: copied out after each replay, into host rows lent per thread
+            host, event = _take_host_rows(tuple(self.flags.shape))
         assert host is not None and event is not None
         host.copy_(self.flags, non_blocking=True)
         event.record(current_stream_object(self.flags.device))
@@ -382,6 +382,30 @@ _queues_lock = threading.Lock()
 _pending = _PendingChecks()
 
 
+class _FreeHostRows(threading.local):
+    def __init__(self) -> None:
+        self.free: dict[tuple[int, ...], collections.deque[tuple[torch.Tensor, torch.cuda.Event]]] = {}
+
+
+_free_host_rows = _FreeHostRows()
+
+
+def _take_host_rows(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.cuda.Event]:
+    """Pinned host rows and an event for a replay's deferred check (Note: error flags lent per
+    thread): a pinned allocation and an event made per replay cost more than the replay."""
+    free = _free_host_rows.free.get(shape)
+    if free:
+        return free.popleft()
+    metrics.add(gpu_error_flag_sets=1)
+    return torch.empty(shape, dtype=torch.int64, pin_memory=True), torch.cuda.Event()
+
+
+def _give_back_host_rows(rows: torch.Tensor, event: torch.cuda.Event) -> None:
+    free = _free_host_rows.free.setdefault(tuple(rows.shape), collections.deque())
+    if len(free) < MAX_FREE_FLAG_SETS:
+        free.append((rows, event))
+
+
 def report_earlier_gpu_errors() -> None:
     """Raise the first error of this thread's earlier calls whose kernels have finished. Not while
     this thread records a CUDA graph: querying an event then would invalidate the recording, and
@@ -394,6 +418,8 @@ def report_earlier_gpu_errors() -> None:
         rows = check.rows.tolist()
         if check.lent is not None:
             _give_back(check.lent, rows)
+        else:
+            _give_back_host_rows(check.rows, check.event)
         _raise_first(rows, check.errors, late=True)
 
 
