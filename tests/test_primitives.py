@@ -214,6 +214,22 @@ def test_a_gather_indexes_in_32_bits_when_its_positions_fit():
     assert plan_blocks(_gather_rows(2**16, 2**16, 8), limits).index_bits == 64  # output positions past 2^31
 
 
+def test_a_gpu_converts_bfloat16_itself_and_the_interpreter_through_the_bits():
+    """Note: semantics written once: float32 <-> bfloat16 stay CASTs only where the target rounds
+    to nearest even itself (a GPU); elsewhere they become the bit formulas."""
+    x = _load("x", dtypes.bfloat16)
+    out = UOp(Ops.BUFFER, dtypes.bfloat16, (), BufferArg("p0", 1))
+    doubled = x.cast(dtypes.float32).alu(Ops.MUL, UOp.const(dtypes.float32, 2.0)).cast(dtypes.bfloat16)
+    store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, dtypes.bfloat16, (out, UOp.const(dtypes.index, 0))), doubled))
+    sink = UOp(Ops.SINK, dtypes.void, (store,))
+
+    def bfloat16_casts(u: UOp) -> int:
+        return sum(1 for v in u.toposort if v.op is Ops.CAST and dtypes.bfloat16 in (v.dtype, v.src[0].dtype))
+
+    assert bfloat16_casts(block_rewrite(sink, check=True, native_bfloat16=True)) == 2
+    assert bfloat16_casts(block_rewrite(sink, check=True)) == 0
+
+
 def test_cpp_and_triton_steps_both_end_in_primitive_ops():
     x = _load("x", dtypes.int32)
     out = UOp(Ops.BUFFER, dtypes.int32, (), BufferArg("p0", 1))

@@ -78,6 +78,9 @@ class BlockLimits:
     # where a looped exp sum takes its maximum from: "row", "lane" or "off" (Note: a row's exponential
     # sum in one pass, codegen/online_softmax.py; config.online_exp_sums)
     exp_sum_maximum: str = "row"
+    # float32 <-> bfloat16 converted by the target itself (a GPU), not through the bits (the
+    # interpreter, whose conversion truncates): Note: semantics written once, codegen/primitives.py
+    native_bfloat16: bool = False
 
 
 @dataclass(frozen=True)
