@@ -138,7 +138,8 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
     if debug.wants("ir.txt"):
         debug.write("ir.txt", describe_ir(graph))
     with stage("schedule", timings):
-        scheduled = schedule(graph, fusion=config.fusion, blocks=backend.capabilities.blocks is not None)
+        scheduled = schedule(graph, fusion=config.fusion, blocks=backend.capabilities.blocks is not None,
+                             horizontal=config.horizontal_fusion)
         steps = scheduled.steps
     metrics.tally("schedule_work", vars(scheduled.work))
     origins = step_origins(gm, graph.holds, steps)
@@ -184,6 +185,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         tiled_kernels=generated.tiled_kernels, mutated_inputs=mutated_inputs(graph, steps),
         inputs_written_in_place=len(graph.mutated_inputs),
         collectives=len(scheduled.overlaps), overlapped_kernels=sum(o.kernels for o in scheduled.overlaps),
+        horizontal_groups=scheduled.horizontal_groups, horizontal_parts=scheduled.horizontal_parts,
     )  # fmt: skip
     call = record.in_profiler_range(call) if record is not None else call
     return _finish(call, path, summary), wrapper.source, wrapper.objects, summary
@@ -243,6 +245,8 @@ def _record(summary, timings: dict[str, float]) -> None:
         fallback_calls=len(summary.fallback_ops),
         collective_calls=summary.collectives,
         collective_overlap_kernels=summary.overlapped_kernels,
+        horizontal_groups=summary.horizontal_groups,
+        horizontal_kernels_saved=summary.horizontal_parts - summary.horizontal_groups,
     )
     metrics.tally("compile_seconds", timings)
     metrics.tally("fallback_ops", Counter(summary.fallback_ops))
