@@ -7,8 +7,9 @@ Each parameter gets a fixed random gradient; every compiler steps its own copy o
 optimizer (one eager step first, so the states exist and one graph is compiled). The step is timed
 interleaved over the compilers, in the CPU time of the calling thread (`time.thread_time`: steady
 on a busy machine; with OMP_NUM_THREADS=1 that thread does all the work), as `eager` (the for-loop
-path torch picks on the CPU), `eager_foreach`, and each compiler. For ember it also prints the
-kernels and the inputs stored in place (Note: inputs written in place, ember/lower/mutation.py) and
+path torch picks on the CPU), `eager_foreach`, and each compiler (`ember_one_per_parameter`: ember
+with horizontal fusion off, a kernel per parameter; Note: horizontal fusion, ember/schedule/horizontal.py).
+For ember it also prints the kernels and the inputs stored in place (Note: inputs written in place, ember/lower/mutation.py) and
 checks the parameters against eager's after the timed steps. The whole training step with AdamW is
 `python -m benchmarks.run --models gpt2_adamw`.
 """
@@ -49,7 +50,12 @@ def prepared_step(params: list[torch.nn.Parameter], optimizer: str, compiler: st
         p.grad = q.grad.clone()  # type: ignore[union-attr]
     opt = OPTIMIZERS[optimizer](mine, compiler == "eager_foreach")
     opt.step()  # eagerly: the states exist before the compile
-    step = opt.step if compiler.startswith("eager") else torch.compile(opt.step, backend=compiler)
+    if compiler.startswith("eager"):
+        step = opt.step
+    elif compiler == "ember_one_per_parameter":  # horizontal fusion off (Note: horizontal fusion)
+        step = ember.compile(opt.step, horizontal_fusion=False)
+    else:
+        step = torch.compile(opt.step, backend=compiler)
     return step, mine
 
 
@@ -70,7 +76,7 @@ def main() -> None:
         start = time.perf_counter()
         steps[compiler]()
         note = f"first call {time.perf_counter() - start:.2f} s"
-        if compiler == "ember":
+        if compiler.startswith("ember"):
             m = ember.metrics
             note += f", {m.kernels_generated} kernels, {m.inputs_written_in_place} inputs stored in place"
             note += f", {m.fallback_calls} fallbacks"

@@ -126,8 +126,9 @@ def codegen_kernel(
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e
 
 
-def codegen_horizontal(step: KernelStep, config: Config, dying: dict | None,
-                       generated: dict[tuple, RenderedKernel] | None) -> tuple[RenderedKernel, HorizontalAST]:  # fmt: skip
+def codegen_horizontal(
+    step: KernelStep, config: Config, dying: dict | None, generated: dict[tuple, RenderedKernel] | None
+) -> tuple[RenderedKernel, HorizontalAST]:
     """A horizontal kernel: each part through the phases and the linearizer (once per distinct
     part AST of the graph), then one function with one parallel region (renderer/cpp_horizontal.py)."""
     ast = build_horizontal_ast(step, dying)

@@ -138,8 +138,12 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
     if debug.wants("ir.txt"):
         debug.write("ir.txt", describe_ir(graph))
     with stage("schedule", timings):
-        scheduled = schedule(graph, fusion=config.fusion, blocks=backend.capabilities.blocks is not None,
-                             horizontal=config.horizontal_fusion)
+        scheduled = schedule(
+            graph,
+            fusion=config.fusion,
+            blocks=backend.capabilities.blocks is not None,
+            horizontal=config.horizontal_fusion,
+        )
         steps = scheduled.steps
     metrics.tally("schedule_work", vars(scheduled.work))
     origins = step_origins(gm, graph.holds, steps)

@@ -30,8 +30,8 @@ from ember.lower.random import is_scalar_argument
 from ember.lower.split_reductions import SplitPolicy, split_reductions
 from ember.metrics import metrics
 from ember.renderer.common import RenderedKernel, kernel_params
-from ember.renderer.triton_math import UNRENDERABLE
 from ember.renderer.triton_horizontal import HorizontalPart, render_triton_horizontal
+from ember.renderer.triton_math import UNRENDERABLE
 from ember.renderer.triton_module import render_triton
 from ember.runtime.cache import content_hash
 from ember.runtime.triton import write_module
@@ -102,8 +102,9 @@ def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool 
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e
 
 
-def codegen_triton_horizontal(step: KernelStep, limits: BlockLimits, check_ir: bool,
-                              generated: dict[tuple, RenderedKernel] | None) -> tuple[RenderedKernel, tuple[str, ...]]:  # fmt: skip
+def codegen_triton_horizontal(
+    step: KernelStep, limits: BlockLimits, check_ir: bool, generated: dict[tuple, RenderedKernel] | None
+) -> tuple[RenderedKernel, tuple[str, ...]]:
     """A horizontal kernel: each part's pointwise block program (once per distinct part AST of the
     graph), then one function whose program ids are split among the parts (renderer/triton_horizontal.py)."""
     ast = build_horizontal_ast(step)

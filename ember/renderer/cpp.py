@@ -399,8 +399,9 @@ def _clause_op(acc: UOp) -> str:
 
 
 def render_body(program: list[UOp], parallel_threshold: int, errors: list[CheckArg],
-                 choices: KernelChoices = DEFAULT_CHOICES, region: str | None = None,
-                 rename: dict[str, str] | None = None, depth: int = 1, deferred: list[str] | None = None) -> str:  # fmt: skip
+                choices: KernelChoices = DEFAULT_CHOICES, region: str | None = None,
+                rename: dict[str, str] | None = None, depth: int = 1,
+                deferred: list[str] | None = None) -> str:  # fmt: skip
     """`region`, `rename`, `depth` and `deferred`: a part of a horizontal kernel inside its parallel
     region (`loop_pragma`), its parameters renamed to the kernel's, the stores outside its loops
     put in `deferred` rather than in place (renderer/cpp_horizontal.py)."""
