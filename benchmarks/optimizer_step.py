@@ -10,8 +10,8 @@ on a busy machine; with OMP_NUM_THREADS=1 that thread does all the work), as `ea
 path torch picks on the CPU), `eager_foreach`, and each compiler (`ember_one_per_parameter`: ember
 with horizontal fusion off, a kernel per parameter; Note: horizontal fusion, ember/schedule/horizontal.py).
 For ember it also prints the kernels and the inputs stored in place (Note: inputs written in place,
-ember/lower/mutation.py) and checks the parameters against eager's after the timed steps. The whole training step with AdamW is
-`python -m benchmarks.run --models gpt2_adamw`.
+ember/lower/mutation.py) and checks the parameters against eager's after the timed steps. The whole
+training step with AdamW is `python -m benchmarks.run --models gpt2_adamw`.
 """
 
 from __future__ import annotations
