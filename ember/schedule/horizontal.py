@@ -126,8 +126,8 @@ def part_buffers(state: FusionState, g: Group) -> set[str] | None:
     sizes = [c.buffer.layout.numel for c in g.computed]
     if not all(type(s) is int for s in sizes) or not 0 < max(sizes) < HORIZONTAL_MAX_ELEMENTS:
         return None
-    if any(u.op in (Ops.REDUCE, Ops.SCAN) for c in g.computed for u in c.body.toposort):
-        return None
+    if any(u.op in (Ops.REDUCE, Ops.SCAN, Ops.DEFINE_VAR) for c in g.computed for u in c.body.toposort):
+        return None  # (a size variable: a symbolic stride, Note: symbolic sizes)
     return set(g.reads) | state.stored(g)
 
 
