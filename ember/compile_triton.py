@@ -85,13 +85,9 @@ def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool 
     one-element device buffer, not taken by value (Note: random numbers in CUDA graphs)."""
     try:
         if step.parts:  # Note: horizontal fusion (schedule/horizontal.py)
-            return codegen_triton_horizontal(step, limits, check_ir, generated)
+            return codegen_triton_horizontal(step, limits, check_ir, generated, seed_in_memory)
         ast = build_kernel_ast(step.group, step.stored, None, step.alignment, step.bodies)
-        scalars = frozenset(
-            f"p{i}"
-            for i, buffer in enumerate(ast.params)
-            if is_scalar_argument(buffer) and not (seed_in_memory and buffer == SEED_BUFFER)
-        )
+        scalars = by_value(ast.params, seed_in_memory)
         key = (number_ranges(ast.sink), ast.outputs, scalars)
         kernel = generated.get(key) if generated is not None else None
         if kernel is None:
@@ -108,13 +104,20 @@ def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool 
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e
 
 
-def codegen_triton_horizontal(
-    step: KernelStep, limits: BlockLimits, check_ir: bool, generated: dict[tuple, RenderedKernel] | None
-) -> tuple[RenderedKernel, tuple[str, ...]]:
+def by_value(params: tuple[str, ...], seed_in_memory: bool) -> frozenset[str]:
+    """The parameters (p0, p1, ...) passed by value: the random seed and offsets, but the seed where it
+    is read from device memory (Note: random numbers in CUDA graphs)."""
+    return frozenset(f"p{i}" for i, buffer in enumerate(params)
+                     if is_scalar_argument(buffer) and not (seed_in_memory and buffer == SEED_BUFFER))  # fmt: skip
+
+
+def codegen_triton_horizontal(step: KernelStep, limits: BlockLimits, check_ir: bool,
+                              generated: dict[tuple, RenderedKernel] | None, seed_in_memory: bool
+                              ) -> tuple[RenderedKernel, tuple[str, ...]]:  # fmt: skip
     """A horizontal kernel: each part's pointwise block program (once per distinct part AST of the
     graph), then one function whose program ids are split among the parts (renderer/triton_horizontal.py)."""
     ast = build_horizontal_ast(step)
-    scalars = frozenset(f"p{i}" for i, buffer in enumerate(ast.params) if is_scalar_argument(buffer))
+    scalars = by_value(ast.params, seed_in_memory)
     generated = generated if generated is not None else {}
     parts, keys = [], []
     for part, rename in zip(ast.parts, ast.renames):
