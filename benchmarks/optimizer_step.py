@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python -m benchmarks.optimizer_step [--optimizer adamw|adam|sgd] [--layers 4]
                                                          [--width 256] [--compilers eager,inductor,ember]
+                                                         [--device cpu|cuda]
 
 Each parameter gets a fixed random gradient; every compiler steps its own copy of the parameters and
 optimizer (one eager step first, so the states exist and one graph is compiled). The step is timed
@@ -32,11 +33,12 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
 }
 
 
-def gpt2_parameters(layers: int, width: int) -> list[torch.nn.Parameter]:
+def gpt2_parameters(layers: int, width: int, device: str = "cpu") -> list[torch.nn.Parameter]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=width, n_head=4, vocab_size=1000, n_positions=256))
+    model = model.to(device)
     params = list(model.parameters())
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
@@ -66,8 +68,12 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--compilers", default="eager,eager_foreach,inductor,ember")
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: wall time of each step, synchronized (the GPU's time and the launches')")  # fmt: skip
     args = parser.parse_args()
-    params = gpt2_parameters(args.layers, args.width)
+    params = gpt2_parameters(args.layers, args.width, args.device)
+    clock = time.thread_time if args.device == "cpu" else time.perf_counter
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     print(f"{args.optimizer} over {sum(p.numel() for p in params)} parameters in {len(params)} tensors")
     steps, copies = {}, {}
     for compiler in args.compilers.split(","):
@@ -84,11 +90,14 @@ def main() -> None:
     samples: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.rounds):
         for name, step in steps.items():
-            start = time.thread_time()
+            sync()
+            start = clock()
             step()
-            samples[name].append(time.thread_time() - start)
+            sync()
+            samples[name].append(clock() - start)
+    unit = "CPU" if args.device == "cpu" else "wall"
     for name, seconds in samples.items():
-        print(f"{name:14s} median {statistics.median(seconds) * 1e3:7.2f} ms, min {min(seconds) * 1e3:7.2f} ms CPU")
+        print(f"{name:14s} median {statistics.median(seconds) * 1e3:7.2f} ms, min {min(seconds) * 1e3:7.2f} ms {unit}")
     if "ember" in copies and "eager" in copies:
         error = max((a - b).abs().max().item() for a, b in zip(copies["ember"], copies["eager"]))
         print(f"ember's parameters after {args.rounds + 2} steps: max abs difference from eager {error:.1e}")
