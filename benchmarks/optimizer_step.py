@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--compilers", default="eager,eager_foreach,inductor,ember")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: wall time of each step, synchronized (the GPU's time and the launches')")  # fmt: skip
+                        help="cuda: each step's wall time, synchronized")  # fmt: skip
     args = parser.parse_args()
     params = gpt2_parameters(args.layers, args.width, args.device)
     clock = time.thread_time if args.device == "cpu" else time.perf_counter
