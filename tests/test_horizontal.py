@@ -3,9 +3,11 @@ kernels launched as one, in C++ (one OpenMP region) and in Triton (program ids s
 parts, run by Triton's interpreter on the CPU), and the kernels that must not be grouped."""
 
 import copy
+import os
 
 import pytest
 import torch
+from torch.utils._pytree import tree_map
 
 import ember
 from tests.helpers import compile_fn, needs_triton, use_triton
@@ -21,9 +23,14 @@ def backend(request, monkeypatch) -> str:
 
 
 def device() -> str:
-    import os
-
+    """The test device use_triton chose: the CPU (C++, or Triton's interpreter) or a GPU."""
     return os.environ.get("EMBER_TEST_DEVICE", "cpu")
+
+
+def run_compiled(fn, *inputs: torch.Tensor):
+    """`fn` compiled by ember and called on the inputs moved to the test device; results on the CPU."""
+    got = compile_fn(fn)(*(x.to(device()) for x in inputs))
+    return tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, got)
 
 
 class ManyShapes(torch.nn.Module):
@@ -103,7 +110,7 @@ def test_independent_outputs_share_a_kernel(backend):
     """Two elementwise results of different shapes (no vertical fusion) run as one kernel."""
     torch.manual_seed(0)
     x, y = torch.randn(8, 16), torch.randn(33)
-    got = compile_fn(lambda x, y: (x.sin() * 2, y.exp() + 1))(x, y)
+    got = run_compiled(lambda x, y: (x.sin() * 2, y.exp() + 1), x, y)
     torch.testing.assert_close(got[0], x.sin() * 2)
     torch.testing.assert_close(got[1], y.exp() + 1)
     assert ember.metrics.kernels_generated == 1 and ember.metrics.horizontal_groups == 1
@@ -125,7 +132,7 @@ def test_a_kernel_reading_another_is_not_grouped(backend):
         a = heavy(x)
         return a, a.t() * 2
 
-    got = compile_fn(fn)(x)
+    got = run_compiled(fn, x)
     torch.testing.assert_close(got[1], heavy(x).t() * 2)
     assert ember.metrics.kernels_generated == 2 and ember.metrics.horizontal_groups == 0
 
@@ -141,7 +148,7 @@ def test_dependence_through_an_extern(backend):
         c = (a @ w).cos()
         return a, c, y.exp()
 
-    got = compile_fn(fn)(x, w, y)
+    got = run_compiled(fn, x, w, y)
     for g, want in zip(got, fn(x.double(), w.double(), y.double())):
         torch.testing.assert_close(g.double(), want, rtol=1e-5, atol=1e-5)
     assert ember.metrics.horizontal_groups == 1
@@ -160,10 +167,11 @@ def test_an_input_written_after_another_kernel_reads_it(backend):
         z.mul_(3)
         return out
 
+    z = z.to(device())
     with torch.no_grad():
         out = compile_fn(fn)(z)
-    torch.testing.assert_close(out, want_out)
-    torch.testing.assert_close(z, want_z)
+    torch.testing.assert_close(out.cpu(), want_out)
+    torch.testing.assert_close(z.cpu(), want_z)
     assert ember.metrics.horizontal_groups == 0 and ember.metrics.kernels_generated == 2
 
 
@@ -178,7 +186,7 @@ def test_large_kernels_launch_alone():
 def test_a_horizontal_kernel_holds_at_most_32_parts(backend):
     """40 independent results: two kernels, of 32 and 8 parts."""
     xs = [torch.randn(3 + i) for i in range(40)]
-    got = compile_fn(lambda *xs: [x * (i + 1) for i, x in enumerate(xs)])(*xs)
+    got = run_compiled(lambda *xs: [x * (i + 1) for i, x in enumerate(xs)], *xs)
     for i, (g, x) in enumerate(zip(got, xs)):
         torch.testing.assert_close(g, x * (i + 1))
     assert ember.metrics.kernels_generated == 2 and ember.metrics.horizontal_groups == 2
@@ -194,7 +202,7 @@ def test_parts_writing_over_inputs_they_alone_read(backend):
         a, b = x + 1, y + 1  # dying intermediates
         return a.exp(), b.sin() + a[0, :1]
 
-    got = compile_fn(fn)(x, y)
+    got = run_compiled(fn, x, y)
     want = fn(x.double(), y.double())
     for g, w in zip(got, want):
         torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-6)
