@@ -64,7 +64,8 @@ class TritonBackend:
                  timings: dict[str, float]) -> GeneratedKernels:  # fmt: skip
         generated: dict[tuple, RenderedKernel] = {}  # Note: kernels generated once (compile_cpp.py)
         with stage("codegen", timings):
-            limits = replace(self.capabilities.blocks or BlockLimits(), exp_sum_maximum=config.online_softmax)
+            limits = replace(self.capabilities.blocks or BlockLimits(), exp_sum_maximum=config.online_softmax,
+                             native_bfloat16=not self.interpret)  # fmt: skip
             seed_in_memory = config.cuda_graphs and not self.interpret  # Note: random numbers in CUDA graphs
             rendered = {i: codegen_triton_kernel(s, limits, config.check_ir, generated, seed_in_memory)
                         for i, s in enumerate(steps) if has_work(s)}  # fmt: skip
@@ -91,7 +92,7 @@ def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool 
         key = (number_ranges(ast.sink), ast.outputs, scalars)
         kernel = generated.get(key) if generated is not None else None
         if kernel is None:
-            sink = block_rewrite(key[0], check_ir)
+            sink = block_rewrite(key[0], check_ir, limits.native_bfloat16)
             plan = plan_blocks(sink, limits)
             programs = block_programs(sink, plan, check_ir)
             kernel = render_triton(f"triton_{sink.key[:16]}", programs, plan, ast.outputs, scalars)

@@ -189,6 +189,51 @@ def test_block_plans_follow_the_backends_limits():
     assert plan_blocks(_row_reduction(2**16, 2**16), limits).index_bits == 64  # positions past 2^31
 
 
+def _gather_rows(rows: int, width: int, table_rows: int) -> UOp:
+    """out[i, j] = table[clamp(idx[i]), j]: an embedding's gather, its position checked."""
+    from ember.uop.ops import CheckArg
+
+    i, j = UOp.range(rows, 0), UOp.range(width, 1)
+    ids = UOp(Ops.BUFFER, dtypes.int64, (), BufferArg("p1", rows))
+    table = UOp(Ops.BUFFER, dtypes.float32, (), BufferArg("p2", table_rows * width))
+    out = UOp(Ops.BUFFER, dtypes.float32, (), BufferArg("p0", rows * width))
+    position = UOp(Ops.LOAD, dtypes.int64, (UOp(Ops.INDEX, dtypes.int64, (ids, i)),)).cast(dtypes.index)
+    clamped = position.alu(Ops.MAX, UOp.const(dtypes.index, 0)).alu(Ops.MIN, UOp.const(dtypes.index, table_rows - 1))
+    ok = position.lt(UOp.const(dtypes.index, table_rows))
+    row = UOp(Ops.CHECK, dtypes.index, (clamped, ok, position), CheckArg("IndexError", "index {value}"))
+    value = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, dtypes.float32, (table, row * width + j)),))
+    store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, dtypes.float32, (out, i * width + j)), value))
+    return block_rewrite(UOp(Ops.SINK, dtypes.void, (store,)))
+
+
+def test_a_gather_indexes_in_32_bits_when_its_positions_fit():
+    """Note: data-derived indexes: the loaded position, any int64 before its clamp, is computed
+    in int64 whatever the kernel's width, so it does not make the kernel's own index math wide."""
+    limits = BlockLimits()
+    assert plan_blocks(_gather_rows(4096, 1024, 32000), limits).index_bits == 32
+    assert plan_blocks(_gather_rows(2**16, 2**16, 8), limits).index_bits == 64  # output positions past 2^31
+
+
+def test_a_gpu_converts_bfloat16_itself_and_the_interpreter_through_the_bits():
+    """Note: semantics written once: float32 <-> bfloat16 stay CASTs only where the target rounds
+    to nearest even itself (a GPU); elsewhere they become the bit formulas."""
+    x = _load("x", dtypes.bfloat16)
+    out = UOp(Ops.BUFFER, dtypes.bfloat16, (), BufferArg("p0", 1))
+    doubled = x.cast(dtypes.float32).alu(Ops.MUL, UOp.const(dtypes.float32, 2.0)).cast(dtypes.bfloat16)
+    store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, dtypes.bfloat16, (out, UOp.const(dtypes.index, 0))), doubled))
+    sink = UOp(Ops.SINK, dtypes.void, (store,))
+
+    def bfloat16_casts(u: UOp) -> int:
+        return sum(1 for v in u.toposort if v.op is Ops.CAST and dtypes.bfloat16 in (v.dtype, v.src[0].dtype))
+
+    assert bfloat16_casts(block_rewrite(sink, check=True, native_bfloat16=True)) == 2
+    assert bfloat16_casts(block_rewrite(sink, check=True)) == 0
+    # an integer keeps the formulas: a GPU fuses int -> float32 -> bfloat16 into one rounding
+    ints = _load("i", dtypes.int64).cast(dtypes.bfloat16)
+    store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, dtypes.bfloat16, (out, UOp.const(dtypes.index, 0))), ints))
+    assert bfloat16_casts(block_rewrite(UOp(Ops.SINK, dtypes.void, (store,)), check=True, native_bfloat16=True)) == 0
+
+
 def test_cpp_and_triton_steps_both_end_in_primitive_ops():
     x = _load("x", dtypes.int32)
     out = UOp(Ops.BUFFER, dtypes.int32, (), BufferArg("p0", 1))

@@ -78,6 +78,9 @@ class BlockLimits:
     # where a looped exp sum takes its maximum from: "row", "lane" or "off" (Note: a row's exponential
     # sum in one pass, codegen/online_softmax.py; config.online_exp_sums)
     exp_sum_maximum: str = "row"
+    # float32 <-> bfloat16 converted by the target itself (a GPU), not through the bits (the
+    # interpreter, whose conversion truncates): Note: semantics written once, codegen/primitives.py
+    native_bfloat16: bool = False
 
 
 @dataclass(frozen=True)
@@ -221,11 +224,34 @@ def index_bits(sink: UOp, shape: KernelShape, limits: BlockLimits) -> int:
 
 
 def index_fits(sink: UOp, extents: tuple[int | UOp, ...], limits: BlockLimits) -> bool:
+    """Every index value computed from the kernel's positions (program ids, ranges, sizes) fits
+    int32. Values computed from data (Note: data-derived indexes) are not asked."""
     limit = 2**31 - 1 - 2 * limits.persistent_row
     if any(bound(extent) * 2 >= limit for extent in extents):
         return False
-    return not any(u.dtype is dtypes.index and u.op is not Ops.CAST and (u.vmin < -limit or u.vmax > limit)
+    data = data_derived(sink)
+    return not any(u.dtype is dtypes.index and u not in data and (u.vmin < -limit or u.vmax > limit)
                    for u in sink.toposort)  # fmt: skip
+
+
+# Note: data-derived indexes
+#   A gather's position is loaded data (a token id, a target class): cast to an index, clamped
+#   into range and checked (Note: kernel errors), it may hold any int64 before the clamp. The
+#   Triton renderer casts every value to the index type as int64 (renderer/triton.py), and
+#   Triton's promotion keeps whatever is computed from an int64 in int64, so such values never
+#   narrow, whatever the kernel's index width; only the values computed from program ids, ranges
+#   and sizes alone are int32 in a 32-bit kernel, and only they must fit. Asking the unclamped
+#   position too made every gathering kernel (embeddings, cross-entropy, scatter as a select)
+#   index in 64 bits, which costs a GPU several instructions per multiply and many per division.
+def data_derived(sink: UOp) -> set[UOp]:
+    """The UOps of `sink` computed from a load or from a cast of a non-index value to an index."""
+    data: set[UOp] = set()
+    for u in sink.toposort:
+        if u.op is Ops.LOAD or (u.op is Ops.CAST and u.dtype is dtypes.index and u.src[0].dtype is not dtypes.index):
+            data.add(u)
+        elif any(s in data for s in u.src):
+            data.add(u)
+    return data
 
 
 def narrow_size_cap(sink: UOp, shape: KernelShape, limits: BlockLimits) -> int:

@@ -91,13 +91,13 @@ def loop_steps(max_lanes: int = MAX_LANES) -> list[Step]:
     ]
 
 
-def late_steps(stage: Stage) -> list[Step]:
+def late_steps(stage: Stage, native_bfloat16: bool = False) -> list[Step]:
     """Every backend's last steps: integer division checked, what earlier steps exposed folded,
     casts, integer division and shifts in primitive ops, ranges numbered for reading."""
     return [
         Step("check_integer_division", check_integer_division, stage),
         Step("symbolic_and_checks", lambda s: graph_rewrite(s, pm_symbolic + pm_checks), stage),
-        Step("primitive_ops", primitive_ops, stage),  # Note: semantics written once
+        Step("primitive_ops", lambda s: primitive_ops(s, native_bfloat16), stage),  # Note: semantics written once
         Step("number_ranges", number_ranges, stage),
     ]
 
@@ -107,9 +107,10 @@ def full_rewrite(sink: UOp, max_lanes: int = MAX_LANES, check: bool = False) -> 
     return run_steps(sink, early_steps() + loop_steps(max_lanes) + late_steps(Stage.LOWERED), check)
 
 
-def block_rewrite(sink: UOp, check: bool = False) -> UOp:
-    """The Triton backend's steps: REDUCE and SCAN stay, reductions over a block axis."""
-    return run_steps(sink, early_steps() + late_steps(Stage.EARLY), check)
+def block_rewrite(sink: UOp, check: bool = False, native_bfloat16: bool = False) -> UOp:
+    """The Triton backend's steps: REDUCE and SCAN stay, reductions over a block axis.
+    `native_bfloat16`: on a GPU, float32 <-> bfloat16 stay conversions (Note: semantics written once)."""
+    return run_steps(sink, early_steps() + late_steps(Stage.EARLY, native_bfloat16), check)
 
 
 def block_lowering(sink: UOp, plan: BlockPlan, variant: str, check: bool = False) -> UOp:

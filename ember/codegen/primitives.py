@@ -18,14 +18,21 @@ Note: semantics written once
         bfloat16 convert only to and from float32 (eager converts a double or an integer to float
         first, then rounds that). bfloat16 converts through its bits (round to nearest even, NaN
         -> 0x7FC0 as eager): the Triton interpreter keeps bfloat16 as uint16 and its own
-        conversion truncates, so the bit formulas are what runs the same everywhere. float16
-        keeps CAST to and from float32, which Triton converts natively and the C++ renderer with
-        its exact helpers (renderer/cpp.py LOW_PRECISION_PRELUDE).
+        conversion truncates, so the bit formulas are what runs the same everywhere, except on a
+        GPU (`native_bfloat16`): there Triton's own conversion is one instruction rounding to
+        nearest even (cvt.rn), against about ten integer ops per value for the formulas, which
+        the bfloat16 kernels of a training step paid on every element; only a NaN's bits
+        differ (0x7FFF, still a NaN). An integer's conversion keeps the formulas
+        (`integer_to_bfloat16`). float16 keeps CAST to and from float32, which Triton
+        converts natively and the C++ renderer with its exact helpers (renderer/cpp.py
+        LOW_PRECISION_PRELUDE).
     Guards are only added where the operands' bounds (vmin/vmax) allow the bad case: `x // 4` and
     index math stay one op.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from ember.uop.dtypes import LOW_PRECISION, DType, dtypes
 from ember.uop.ops import Ops, UOp
@@ -34,10 +41,10 @@ from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite, rewrite_each_
 F32 = dtypes.float32
 
 
-def primitive_ops(sink: UOp) -> UOp:
+def primitive_ops(sink: UOp, native_bfloat16: bool = False) -> UOp:
     """The late step (Note: semantics written once): casts and bool arithmetic first, as the bfloat16
-    formulas shift."""
-    return guard_integer_ops(graph_rewrite(sink, pm_primitives))
+    formulas shift. `native_bfloat16`: float32 <-> bfloat16 stay CASTs (a GPU's conversion)."""
+    return guard_integer_ops(graph_rewrite(sink, pm_primitives_native_bf16 if native_bfloat16 else pm_primitives))
 
 
 # ---- casts -----------------------------------------------------------------------------------
@@ -75,6 +82,13 @@ def float32_to_bfloat16(x: UOp) -> UOp:
     return UOp(Ops.BITCAST, dtypes.bfloat16, (bits,))
 
 
+def integer_to_bfloat16(x: UOp) -> UOp | None:
+    """With native conversions: an integer rounded to float32 and then to bfloat16 still goes
+    through the bits. Compiled for a GPU, the two conversions become one (measured on an H100),
+    which rounds once where eager rounds twice (2^24 + 2^16 + 1 gave 2^24 + 2^17, not 2^24)."""
+    return float32_to_bfloat16(x) if x.op is Ops.CAST and not x.src[0].dtype.is_float else None
+
+
 def to_bool(x: UOp) -> UOp | None:
     return None if x.dtype.is_bool else x.alu(Ops.CMPNE, x.const_like(0))
 
@@ -96,31 +110,40 @@ def bool_logic(u: UOp) -> UOp:
     return u.src[0].alu(Ops.OR if u.op is Ops.ADD else Ops.AND, u.src[1])
 
 
-pm_primitives = PatternMatcher(
-    [
-        # CAST(CONST c, T) -> CONST T c, for the conversions below (a constant rounds when made)
-        (UPat(Ops.CAST, src=(UPat.cvar("c"),), name="u"), fold_constant),
-        # CAST(x: T, bf16) -> CAST(CAST(x, f32), bf16), and from bf16 likewise
-        (UPat(Ops.CAST, src=(UPat.var("x"),), name="u"), through_float32),
-        # CAST(x bf16, f32) -> BITCAST(SHL(bits of x, 16), f32)
-        (UPat(Ops.CAST, dtype=F32, src=(UPat.var("x", dtype=dtypes.bfloat16),)), bfloat16_to_float32),
-        # CAST(x f32, bf16) -> BITCAST(rounded top half of x's bits, bf16)
-        (UPat(Ops.CAST, dtype=dtypes.bfloat16, src=(UPat.var("x", dtype=F32),)), float32_to_bfloat16),
-        # BITCAST(BITCAST(x)) of x's own type -> x
-        (
-            UPat(Ops.BITCAST, src=(UPat(Ops.BITCAST, src=(UPat.var("x"),)),), name="u"),
-            lambda x, u: x if x.dtype is u.dtype else None,
-        ),
-        # CAST(x, bool) -> x != 0
-        (UPat(Ops.CAST, dtype=dtypes.bool, src=(UPat.var("x"),)), to_bool),
-        # CAST(b bool, float) -> WHERE(b, 1.0, 0.0)
-        (UPat(Ops.CAST, src=(UPat.var("x", dtype=dtypes.bool),), name="u"), bool_to_float),
-        # SIGNBIT(x) -> BITCAST(x, int of its width) < 0 (true for -0.0 and negative NaNs)
-        (UPat(Ops.SIGNBIT, src=(UPat.var("x"),)), sign_bit),
-        # a + b, a * b of bools -> a | b, a & b (torch's bool arithmetic is logic; Triton's i1 wraps)
-        (UPat((Ops.ADD, Ops.MUL), dtype=dtypes.bool, name="u"), bool_logic),
-    ]
-)
+_FOLD_AND_WIDEN: list[tuple[UPat, Callable[..., UOp | None]]] = [
+    # CAST(CONST c, T) -> CONST T c, for the conversions below (a constant rounds when made)
+    (UPat(Ops.CAST, src=(UPat.cvar("c"),), name="u"), fold_constant),
+    # CAST(x: T, bf16) -> CAST(CAST(x, f32), bf16), and from bf16 likewise
+    (UPat(Ops.CAST, src=(UPat.var("x"),), name="u"), through_float32),
+]
+_BFLOAT16_THROUGH_BITS: list[tuple[UPat, Callable[..., UOp | None]]] = [
+    # CAST(x bf16, f32) -> BITCAST(SHL(bits of x, 16), f32)
+    (UPat(Ops.CAST, dtype=F32, src=(UPat.var("x", dtype=dtypes.bfloat16),)), bfloat16_to_float32),
+    # CAST(x f32, bf16) -> BITCAST(rounded top half of x's bits, bf16)
+    (UPat(Ops.CAST, dtype=dtypes.bfloat16, src=(UPat.var("x", dtype=F32),)), float32_to_bfloat16),
+]
+_BITS_AND_BOOLS: list[tuple[UPat, Callable[..., UOp | None]]] = [
+    # BITCAST(BITCAST(x)) of x's own type -> x
+    (
+        UPat(Ops.BITCAST, src=(UPat(Ops.BITCAST, src=(UPat.var("x"),)),), name="u"),
+        lambda x, u: x if x.dtype is u.dtype else None,
+    ),
+    # CAST(x, bool) -> x != 0
+    (UPat(Ops.CAST, dtype=dtypes.bool, src=(UPat.var("x"),)), to_bool),
+    # CAST(b bool, float) -> WHERE(b, 1.0, 0.0)
+    (UPat(Ops.CAST, src=(UPat.var("x", dtype=dtypes.bool),), name="u"), bool_to_float),
+    # SIGNBIT(x) -> BITCAST(x, int of its width) < 0 (true for -0.0 and negative NaNs)
+    (UPat(Ops.SIGNBIT, src=(UPat.var("x"),)), sign_bit),
+    # a + b, a * b of bools -> a | b, a & b (torch's bool arithmetic is logic; Triton's i1 wraps)
+    (UPat((Ops.ADD, Ops.MUL), dtype=dtypes.bool, name="u"), bool_logic),
+]
+pm_primitives = PatternMatcher(_FOLD_AND_WIDEN + _BFLOAT16_THROUGH_BITS + _BITS_AND_BOOLS)
+# a GPU converts float32 <-> bfloat16 itself (`native_bfloat16`)
+_INTEGERS_TO_BFLOAT16: list[tuple[UPat, Callable[..., UOp | None]]] = [
+    # CAST(CAST(i int, f32), bf16) -> BITCAST(rounded top half of the float32's bits, bf16)
+    (UPat(Ops.CAST, dtype=dtypes.bfloat16, src=(UPat.var("x", dtype=F32),)), integer_to_bfloat16),
+]
+pm_primitives_native_bf16 = PatternMatcher(_FOLD_AND_WIDEN + _INTEGERS_TO_BFLOAT16 + _BITS_AND_BOOLS)
 
 
 # ---- integer division and shifts ------------------------------------------------------------------
