@@ -125,7 +125,7 @@ def codegen_triton_horizontal(step: KernelStep, limits: BlockLimits, check_ir: b
         mine = frozenset(local for local, name in rename.items() if name in scalars)
         key = ("horizontal part", number_ranges(part.sink), part.outputs, mine)
         if key not in generated:
-            sink = block_rewrite(key[1], check_ir)
+            sink = block_rewrite(key[1], check_ir, limits.native_bfloat16)
             plan = plan_blocks(sink, limits)
             if plan.variants != ("pointwise",) or not isinstance(plan.shape.xnumel, int):
                 raise ValueError(f"a part of a horizontal kernel is not pointwise over static sizes: {plan.variants}")
