@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 
+from ember.codegen.tiling import is_tile_loop
 from ember.renderer.common import RenderedKernel, kernel_errors
 from ember.renderer.cpp import (
     LOW_PRECISION_PRELUDE,
@@ -56,7 +57,7 @@ def render_horizontal(name: str, parts: list[Part], params: list[tuple[str, DTyp
     code = declarations + body
     declarations = simd_declarations(simd_math, code) + cos_alias_declarations(body, simd_math) + declarations
     source = f'{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n  {body}}}\n'
-    return RenderedKernel(name, source, params, errors)
+    return RenderedKernel(name, source, params, errors, tiled=any(is_tile_loop(u) for u in every))
 
 
 def _part_block(program: list[UOp], rename: dict[str, str], parallel_threshold: int, errors: list) -> str:
