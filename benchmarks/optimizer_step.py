@@ -2,15 +2,17 @@
 
     OMP_NUM_THREADS=1 python -m benchmarks.optimizer_step [--optimizer adamw|adam|sgd] [--layers 4]
                                                          [--width 256] [--compilers eager,inductor,ember]
+                                                         [--device cpu|cuda]
 
 Each parameter gets a fixed random gradient; every compiler steps its own copy of the parameters and
 optimizer (one eager step first, so the states exist and one graph is compiled). The step is timed
 interleaved over the compilers, in the CPU time of the calling thread (`time.thread_time`: steady
 on a busy machine; with OMP_NUM_THREADS=1 that thread does all the work), as `eager` (the for-loop
-path torch picks on the CPU), `eager_foreach`, and each compiler. For ember it also prints the
-kernels and the inputs stored in place (Note: inputs written in place, ember/lower/mutation.py) and
-checks the parameters against eager's after the timed steps. The whole training step with AdamW is
-`python -m benchmarks.run --models gpt2_adamw`.
+path torch picks on the CPU), `eager_foreach`, and each compiler (`ember_one_per_parameter`: ember
+with horizontal fusion off, a kernel per parameter; Note: horizontal fusion, ember/schedule/horizontal.py).
+For ember it also prints the kernels and the inputs stored in place (Note: inputs written in place,
+ember/lower/mutation.py) and checks the parameters against eager's after the timed steps. The whole
+training step with AdamW is `python -m benchmarks.run --models gpt2_adamw`.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
 }
 
 
-def gpt2_parameters(layers: int, width: int) -> list[torch.nn.Parameter]:
+def gpt2_parameters(layers: int, width: int, device: str = "cpu") -> list[torch.nn.Parameter]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=width, n_head=4, vocab_size=1000, n_positions=256))
+    model = model.to(device)
     params = list(model.parameters())
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
@@ -49,7 +52,12 @@ def prepared_step(params: list[torch.nn.Parameter], optimizer: str, compiler: st
         p.grad = q.grad.clone()  # type: ignore[union-attr]
     opt = OPTIMIZERS[optimizer](mine, compiler == "eager_foreach")
     opt.step()  # eagerly: the states exist before the compile
-    step = opt.step if compiler.startswith("eager") else torch.compile(opt.step, backend=compiler)
+    if compiler.startswith("eager"):
+        step = opt.step
+    elif compiler == "ember_one_per_parameter":  # horizontal fusion off (Note: horizontal fusion)
+        step = ember.compile(opt.step, horizontal_fusion=False)
+    else:
+        step = torch.compile(opt.step, backend=compiler)
     return step, mine
 
 
@@ -60,8 +68,12 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--compilers", default="eager,eager_foreach,inductor,ember")
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: each step's wall time, synchronized")  # fmt: skip
     args = parser.parse_args()
-    params = gpt2_parameters(args.layers, args.width)
+    params = gpt2_parameters(args.layers, args.width, args.device)
+    clock = time.thread_time if args.device == "cpu" else time.perf_counter
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     print(f"{args.optimizer} over {sum(p.numel() for p in params)} parameters in {len(params)} tensors")
     steps, copies = {}, {}
     for compiler in args.compilers.split(","):
@@ -70,7 +82,7 @@ def main() -> None:
         start = time.perf_counter()
         steps[compiler]()
         note = f"first call {time.perf_counter() - start:.2f} s"
-        if compiler == "ember":
+        if compiler.startswith("ember"):
             m = ember.metrics
             note += f", {m.kernels_generated} kernels, {m.inputs_written_in_place} inputs stored in place"
             note += f", {m.fallback_calls} fallbacks"
@@ -78,11 +90,14 @@ def main() -> None:
     samples: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.rounds):
         for name, step in steps.items():
-            start = time.thread_time()
+            sync()
+            start = clock()
             step()
-            samples[name].append(time.thread_time() - start)
+            sync()
+            samples[name].append(clock() - start)
+    unit = "CPU" if args.device == "cpu" else "wall"
     for name, seconds in samples.items():
-        print(f"{name:14s} median {statistics.median(seconds) * 1e3:7.2f} ms, min {min(seconds) * 1e3:7.2f} ms CPU")
+        print(f"{name:14s} median {statistics.median(seconds) * 1e3:7.2f} ms, min {min(seconds) * 1e3:7.2f} ms {unit}")
     if "ember" in copies and "eager" in copies:
         error = max((a - b).abs().max().item() for a, b in zip(copies["ember"], copies["eager"]))
         print(f"ember's parameters after {args.rounds + 2} steps: max abs difference from eager {error:.1e}")

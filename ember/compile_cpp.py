@@ -12,6 +12,7 @@ from pathlib import Path
 
 import ember
 from ember.backend import Capabilities, GeneratedKernels, has_work
+from ember.codegen.horizontal import HorizontalAST, build_horizontal_ast
 from ember.codegen.kernel import KernelAST, build_kernel_ast
 from ember.codegen.linearize import linearize
 from ember.codegen.phases import full_rewrite, number_ranges
@@ -23,8 +24,10 @@ from ember.debug.progress import CompileProgress
 from ember.errors import EmberError, stage
 from ember.ir import LoweredGraph
 from ember.metrics import metrics
-from ember.renderer.common import RenderedKernel
+from ember.renderer.common import RenderedKernel, kernel_params
 from ember.renderer.cpp import render
+from ember.renderer.cpp_horizontal import render_horizontal
+from ember.runtime.cache import content_hash
 from ember.runtime.cpu import (
     DRAWS_PER_BATCH,
     CompiledKernel,
@@ -56,7 +59,7 @@ class CppBackend:
             with stage("codegen", timings):
                 dying = [{n: graph.buffers[n] for n in names if n not in graph.aliasing_outputs}
                          for names in graph_last_uses(graph, steps)]  # fmt: skip
-            rendered: dict[int, tuple[RenderedKernel, KernelAST]] = {}
+            rendered: dict[int, tuple[RenderedKernel, KernelAST | HorizontalAST]] = {}
             generated: dict[tuple, RenderedKernel] = {}  # Note: kernels generated once
             if progress is not None:
                 progress.kernels(total=sum(1 for s in steps if has_work(s)))
@@ -101,12 +104,14 @@ def codegen_kernel(
     dying: dict | None = None,
     timings: dict[str, float] | None = None,
     generated: dict[tuple, RenderedKernel] | None = None,
-) -> tuple[RenderedKernel, KernelAST]:
+) -> tuple[RenderedKernel, KernelAST | HorizontalAST]:
     """One kernel: AST, rewrite phases, linearize, render. Names the op when it fails.
     `dying`: the buffers whose last use is this kernel (it may write over one of them).
     `timings` gets the rendering's share under "render" (it is part of "codegen").
     `generated`: the kernels already generated for this graph by AST (Note: kernels generated once)."""
     try:
+        if step.parts:  # Note: horizontal fusion (schedule/horizontal.py)
+            return codegen_horizontal(step, config, dying, generated)
         ast = build_kernel_ast(step.group, step.stored, dying, step.alignment, step.bodies)
         sink = number_ranges(ast.sink)
         key = (sink, ast.outputs)
@@ -119,6 +124,32 @@ def codegen_kernel(
     except Exception as e:
         origins = ", ".join(o for c in step.group for o in c.origins)
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e
+
+
+def codegen_horizontal(
+    step: KernelStep, config: Config, dying: dict | None, generated: dict[tuple, RenderedKernel] | None
+) -> tuple[RenderedKernel, HorizontalAST]:
+    """A horizontal kernel: each part through the phases and the linearizer (once per distinct
+    part AST of the graph), then one function with one parallel region (renderer/cpp_horizontal.py)."""
+    ast = build_horizontal_ast(step, dying)
+    generated = generated if generated is not None else {}
+    parts = []
+    for part, rename in zip(ast.parts, ast.renames):
+        sink = number_ranges(part.sink)
+        key = ("horizontal part", sink, part.outputs)
+        if key not in generated:
+            lowered = full_rewrite(sink, check=config.check_ir)
+            generated[key] = (lowered.key, linearize(lowered))  # type: ignore[assignment]
+        lowered_key, program = generated[key]  # type: ignore[misc]
+        parts.append((lowered_key, program, rename))
+    params = {}
+    for _, program, rename in parts:
+        params |= {rename[n]: (rename[n], d, w) for n, d, w in kernel_params(program, frozenset())}
+    ordered = sorted(params.values(), key=lambda p: int(p[0][1:]))
+    ordered = [(n, d, n in ast.outputs) for n, d, _ in ordered]
+    name = "kernel_h" + content_hash(*(f"{k}:{sorted(r.items())}" for k, _, r in parts))[:16]
+    programs = [(program, rename) for _, program, rename in parts]
+    return render_horizontal(name, programs, ordered, config.parallel_threshold, simd_math_functions()), ast
 
 
 def _generate(sink: UOp, ast: KernelAST, config: Config, timings: dict[str, float] | None) -> RenderedKernel:
@@ -219,7 +250,9 @@ class KernelBuilder:
         if (progress := self.progress) is not None:
             future.add_done_callback(lambda _: progress.kernels(compiled=len(batch)))
 
-    def binaries(self, rendered: dict[int, tuple[RenderedKernel, KernelAST]]) -> dict[int, KernelBinary]:
+    def binaries(
+        self, rendered: dict[int, tuple[RenderedKernel, KernelAST | HorizontalAST]]
+    ) -> dict[int, KernelBinary]:
         self.start_pending()
         binaries = {}
         for i, (kernel, ast) in rendered.items():

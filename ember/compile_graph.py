@@ -139,7 +139,12 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
     if debug.wants("ir.txt"):
         debug.write("ir.txt", describe_ir(graph))
     with stage("schedule", timings):
-        scheduled = schedule(graph, fusion=config.fusion, blocks=backend.capabilities.blocks is not None)
+        scheduled = schedule(
+            graph,
+            fusion=config.fusion,
+            blocks=backend.capabilities.blocks is not None,
+            horizontal=config.horizontal_fusion,
+        )
         steps = scheduled.steps
     metrics.tally("schedule_work", vars(scheduled.work))
     origins = step_origins(gm, graph.holds, steps)
@@ -187,6 +192,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         inputs_written_in_place=len(graph.mutated_inputs),
         collectives=len(scheduled.overlaps), overlapped_kernels=sum(o.kernels for o in scheduled.overlaps),
         kernel_bytes=sum(kernel_bytes(graph, s) for s in steps if isinstance(s, KernelStep)),
+        horizontal_groups=scheduled.horizontal_groups, horizontal_parts=scheduled.horizontal_parts,
     )  # fmt: skip
     call = record.in_profiler_range(call) if record is not None else call
     return _finish(call, path, summary), wrapper.source, wrapper.objects, summary
@@ -228,7 +234,10 @@ def mutated_inputs(graph, steps: list) -> list[int]:
 
 
 def kernel_bytes(graph, step: KernelStep) -> int:
-    """What one kernel reads and writes, in bytes (ember.metrics.kernel_bytes)."""
+    """What one kernel reads and writes, in bytes (ember.metrics.kernel_bytes): a horizontal
+    kernel's parts each read their own (Note: horizontal fusion, schedule/horizontal.py)."""
+    if step.parts:
+        return sum(kernel_bytes(graph, part) for part in step.parts)
     return int(size_hint(buffer_bytes(graph, (*step.reads, *step.writes))))
 
 
@@ -252,6 +261,8 @@ def _record(summary, timings: dict[str, float]) -> None:
         fallback_calls=len(summary.fallback_ops),
         collective_calls=summary.collectives,
         collective_overlap_kernels=summary.overlapped_kernels,
+        horizontal_groups=summary.horizontal_groups,
+        horizontal_kernels_saved=summary.horizontal_parts - summary.horizontal_groups,
     )
     metrics.tally("compile_seconds", timings)
     metrics.tally("fallback_ops", Counter(summary.fallback_ops))

@@ -17,6 +17,7 @@ from pathlib import Path
 import ember
 from ember.backend import Capabilities, GeneratedKernels, has_work
 from ember.codegen.blocks import BlockLimits, BlockPlan, plan_blocks
+from ember.codegen.horizontal import build_horizontal_ast
 from ember.codegen.kernel import build_kernel_ast
 from ember.codegen.linearize import linearize
 from ember.codegen.phases import block_lowering, block_rewrite, number_ranges
@@ -28,9 +29,11 @@ from ember.ir import LoweredGraph
 from ember.lower.random import SEED_BUFFER, is_scalar_argument
 from ember.lower.split_reductions import SplitPolicy, split_reductions
 from ember.metrics import metrics
-from ember.renderer.common import RenderedKernel
+from ember.renderer.common import RenderedKernel, kernel_params
+from ember.renderer.triton_horizontal import HorizontalPart, render_triton_horizontal
 from ember.renderer.triton_math import UNRENDERABLE
 from ember.renderer.triton_module import render_triton
+from ember.runtime.cache import content_hash
 from ember.runtime.triton import write_module
 from ember.runtime.triton_pool import compile_pool
 from ember.schedule import KernelStep
@@ -82,12 +85,10 @@ def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool 
     kernels generated once, compile_cpp.py). `seed_in_memory`: the random seed is read from a
     one-element device buffer, not taken by value (Note: random numbers in CUDA graphs)."""
     try:
+        if step.parts:  # Note: horizontal fusion (schedule/horizontal.py)
+            return codegen_triton_horizontal(step, limits, check_ir, generated, seed_in_memory)
         ast = build_kernel_ast(step.group, step.stored, None, step.alignment, step.bodies)
-        scalars = frozenset(
-            f"p{i}"
-            for i, buffer in enumerate(ast.params)
-            if is_scalar_argument(buffer) and not (seed_in_memory and buffer == SEED_BUFFER)
-        )
+        scalars = by_value(ast.params, seed_in_memory)
         key = (number_ranges(ast.sink), ast.outputs, scalars)
         kernel = generated.get(key) if generated is not None else None
         if kernel is None:
@@ -102,6 +103,42 @@ def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool 
     except Exception as e:
         origins = ", ".join(o for c in step.group for o in c.origins)
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e
+
+
+def by_value(params: tuple[str, ...], seed_in_memory: bool) -> frozenset[str]:
+    """The parameters (p0, p1, ...) passed by value: the random seed and offsets, but the seed where it
+    is read from device memory (Note: random numbers in CUDA graphs)."""
+    return frozenset(f"p{i}" for i, buffer in enumerate(params)
+                     if is_scalar_argument(buffer) and not (seed_in_memory and buffer == SEED_BUFFER))  # fmt: skip
+
+
+def codegen_triton_horizontal(step: KernelStep, limits: BlockLimits, check_ir: bool,
+                              generated: dict[tuple, RenderedKernel] | None, seed_in_memory: bool
+                              ) -> tuple[RenderedKernel, tuple[str, ...]]:  # fmt: skip
+    """A horizontal kernel: each part's pointwise block program (once per distinct part AST of the
+    graph), then one function whose program ids are split among the parts (renderer/triton_horizontal.py)."""
+    ast = build_horizontal_ast(step)
+    scalars = by_value(ast.params, seed_in_memory)
+    generated = generated if generated is not None else {}
+    parts, keys = [], []
+    for part, rename in zip(ast.parts, ast.renames):
+        mine = frozenset(local for local, name in rename.items() if name in scalars)
+        key = ("horizontal part", number_ranges(part.sink), part.outputs, mine)
+        if key not in generated:
+            sink = block_rewrite(key[1], check_ir, limits.native_bfloat16)
+            plan = plan_blocks(sink, limits)
+            if plan.variants != ("pointwise",) or not isinstance(plan.shape.xnumel, int):
+                raise ValueError(f"a part of a horizontal kernel is not pointwise over static sizes: {plan.variants}")
+            generated[key] = (sink.key, block_programs(sink, plan, check_ir)["pointwise"], plan)  # type: ignore[assignment]
+        sink_key, program, plan = generated[key]  # type: ignore[misc]
+        parts.append(HorizontalPart(program, plan.index_bits, plan.shape.xnumel, rename, mine))
+        keys.append(f"{sink_key}:{sorted(rename.items())}:{sorted(mine)}")
+    params: dict[str, tuple] = {}
+    for part in parts:
+        params |= {part.rename[n]: (part.rename[n], d, w) for n, d, w in kernel_params(part.program, frozenset())}
+    ordered = [(n, d, n in ast.outputs) for n, d, _ in sorted(params.values(), key=lambda p: int(p[0][1:]))]
+    kernel = render_triton_horizontal(f"triton_h{content_hash(*keys)[:16]}", parts, ordered, scalars)
+    return kernel, ast.arguments(kernel.params)
 
 
 def block_programs(sink: UOp, plan: BlockPlan, check_ir: bool = False) -> dict[str, list[UOp]]:

@@ -55,6 +55,9 @@ class Config:
                                   "arguments (Note: symbolic sizes); off, or where that fails, it is "
                                   "compiled per concrete shape")  # fmt: skip
     fusion: bool = _flag(True, "EMBER_FUSION", True, "let the scheduler fuse computed buffers into kernels")
+    horizontal_fusion: bool = _flag(True, "EMBER_HORIZONTAL_FUSION", True,
+                                    "launch independent small elementwise kernels (an optimizer's per-parameter "
+                                    "updates) as one kernel (Note: horizontal fusion)")  # fmt: skip
     graph_cache: bool = _flag(True, "EMBER_GRAPH_CACHE", False, "load graphs compiled before from the cache")
     explain_file: str = _flag("", "EMBER_EXPLAIN_FILE", False, "append each graph's explanation to this file")
     partitioner: str = _flag("min_cut", "EMBER_PARTITIONER", False,

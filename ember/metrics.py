@@ -28,6 +28,10 @@ class Metrics:
     tiled_kernels: int = 0  # C++ kernels whose loops are 2-D tiles for transposed access (codegen/tiling.py)
     fusions: int = 0  # pairs of groups merged by the scheduler
     fusion_refusals: int = 0
+    # horizontal kernels, and the launches they save: parts launched together less one each
+    # (Note: horizontal fusion, schedule/horizontal.py)
+    horizontal_groups: int = 0
+    horizontal_kernels_saved: int = 0
     # loops kernels walk to reduce: C++ kernels, and Triton kernels' looped variants (Note: shared reduce loops,
     # codegen/shared_loops.py; Note: independent reductions share a looped phase, codegen/block_lowering.py)
     reduce_loops: int = 0

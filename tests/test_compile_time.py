@@ -95,6 +95,7 @@ def test_kernels_compile_while_others_are_generated(tmp_path, monkeypatch):
 
 def test_identical_kernels_compile_once(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EMBER_HORIZONTAL_FUSION", "0")  # x's and y's kernels stay two kernels
     compiled = []
     real_compile = compile_cpp.compile_cpp_batch
     monkeypatch.setattr(compile_cpp, "compile_cpp_batch",
@@ -226,7 +227,8 @@ def test_random_draws_compile_with_their_own_flags_and_spread_over_batches(tmp_p
         return drawn, y.softmax(-1), (x @ x).sin()
 
     x, y, z = torch.randn(32, 32), torch.randn(8, 48), torch.randn(16, 40)
-    drawn, soft, _ = ember.compile(masks, dynamic=False, strict=True)(x, y, z)
+    # (horizontal fusion off: the drawing kernels and the sine stay kernels of their own)
+    drawn, soft, _ = ember.compile(masks, dynamic=False, strict=True, horizontal_fusion=False)(x, y, z)
     assert all(0.2 < (d == 0).float().mean() < 0.8 for d in drawn) and soft.shape == y.shape
     assert any(draws for draws, _, _ in runs) and any(not draws for draws, _, _ in runs), runs
     for draws, kernels, flags in runs:

@@ -228,6 +228,10 @@ def test_a_gpu_converts_bfloat16_itself_and_the_interpreter_through_the_bits():
 
     assert bfloat16_casts(block_rewrite(sink, check=True, native_bfloat16=True)) == 2
     assert bfloat16_casts(block_rewrite(sink, check=True)) == 0
+    # an integer keeps the formulas: a GPU fuses int -> float32 -> bfloat16 into one rounding
+    ints = _load("i", dtypes.int64).cast(dtypes.bfloat16)
+    store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, dtypes.bfloat16, (out, UOp.const(dtypes.index, 0))), ints))
+    assert bfloat16_casts(block_rewrite(UOp(Ops.SINK, dtypes.void, (store,)), check=True, native_bfloat16=True)) == 0
 
 
 def test_cpp_and_triton_steps_both_end_in_primitive_ops():

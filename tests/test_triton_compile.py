@@ -124,6 +124,16 @@ def test_symbolic_kernels_compile_for_the_gpu_with_sizes_as_arguments(tmp_path):
     assert report["hits"] == report["requests"] and report["misses"] == 0 and report["in_process"] == 0
 
 
+def test_a_horizontal_kernel_compiles_for_the_gpu(tmp_path):
+    """A horizontal kernel (Note: horizontal fusion, ember/schedule/horizontal.py), its parts branches
+    on the program id with names of their own, compiles for sm_90 through Triton's real frontend (the
+    interpreter runs `if` on a program id as Python does)."""
+    report = run_harness(tmp_path, "horizontal")
+    assert report["horizontal_groups"] == 1 and report["kernels"] == 1 and report["by_value_kernels"] == 1
+    assert report["failures"] == [] and report["requests"] == report["precompiled"]
+    assert report["hits"] == report["requests"] and report["misses"] == 0 and report["in_process"] == 0
+
+
 def test_the_pool_compiles_in_parallel_workers_into_the_given_triton_cache(modules, pool, tmp_path):
     cache = tmp_path / "triton"
     futures = [pool.submit(request_for(modules["kernels"], "good_pointwise", x, cache))[0] for x in (128, 256, 512)]

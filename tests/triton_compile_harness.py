@@ -4,7 +4,8 @@ machine that may have no GPU: one graph compiled for the Triton backend on the G
 kernels' configurations compiled by the compile pool for the CUDA target sm_90, then compiled
 again here as the first call would, counting Triton's cache hits. Nothing is launched. Prints
 one JSON line of counts. With the argument `symbolic`, the graph is one with dynamic shapes,
-compiled once with sizes as kernel arguments (Note: symbolic blocks, ember/codegen/blocks.py).
+compiled once with sizes as kernel arguments (Note: symbolic blocks, ember/codegen/blocks.py); with
+`horizontal`, one whose kernels are the parts of a horizontal kernel.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def compile_for_cuda(cache: Path) -> list:
     launchers = stand_in_cuda_launchers()
     inputs = [torch.randn(256, 1000), torch.randn(1000), torch.randn(50, 64), torch.randint(0, 50, (8,))]
     gm = make_fx(program)(*inputs)
-    graph_module.compile_graph(gm, inputs, load(cache_dir=str(cache), graph_cache=False))
+    # each kernel its own launcher (horizontal fusion would launch the random one and the embedding as one)
+    graph_module.compile_graph(gm, inputs, load(cache_dir=str(cache), graph_cache=False, horizontal_fusion=False))
     return launchers
 
 
@@ -83,6 +85,24 @@ def compile_symbolic_for_cuda(cache: Path) -> list:
     return launchers
 
 
+def horizontal_program(a, b, c, s):
+    """Independent pointwise results of several sizes (one of them random: a seed by value, and a
+    0-d one): one horizontal kernel (Note: horizontal fusion, ember/schedule/horizontal.py)."""
+    return a * 2 + 1, b.exp() + torch.rand_like(b), c.sin(), s + 1
+
+
+def compile_horizontal_for_cuda(cache: Path) -> list:
+    """`horizontal_program` compiled by the GPU path, as `compile_for_cuda` does."""
+    from ember import compile_graph as graph_module
+    from ember.config import load
+
+    launchers = stand_in_cuda_launchers()
+    inputs = [torch.randn(300, 7), torch.randn(5000), torch.randn(3), torch.randn(())]
+    gm = make_fx(horizontal_program)(*inputs)
+    graph_module.compile_graph(gm, inputs, load(cache_dir=str(cache), graph_cache=False))
+    return launchers
+
+
 def entries(folder: Path) -> set[str]:
     return {p.name for p in folder.iterdir()} if folder.exists() else set()
 
@@ -95,7 +115,8 @@ def main() -> None:
     from ember.runtime.triton_pool import compile_pool
 
     symbolic = sys.argv[1:] == ["symbolic"]
-    make = compile_symbolic_for_cuda if symbolic else compile_for_cuda
+    makers = {"symbolic": compile_symbolic_for_cuda, "horizontal": compile_horizontal_for_cuda}
+    make = makers.get(sys.argv[1] if sys.argv[1:] else "", compile_for_cuda)
     launchers = make(Path(os.environ["EMBER_CACHE_DIR"]))
     pool = compile_pool()
     requests, failures = [], []
@@ -144,6 +165,7 @@ def main() -> None:
         "symbolic_graphs": ember.metrics.symbolic_graphs,
         "symbolic_grid_kernels": sum(1 for launcher in launchers if hasattr(launcher, "classify")),
         "wide_compiled": wide,
+        "horizontal_groups": ember.metrics.horizontal_groups,
     }
     print("harness: " + json.dumps(report), flush=True)
 

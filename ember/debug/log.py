@@ -73,9 +73,11 @@ def describe_fusion(scheduled, origins: list | None = None) -> str:
     overlaps = {o.start: o for o in scheduled.overlaps}
     waits = {o.wait: o for o in scheduled.overlaps if o.wait is not None}
     for i, step in enumerate(scheduled.steps):
-        if isinstance(step, KernelStep):
-            members = ", ".join(c.name + ("" if c.name in step.stored else " (kernel-local)") for c in step.group)
-            lines.append(f"step {i}: kernel [{members}]")
+        if isinstance(step, KernelStep) and step.parts:  # Note: horizontal fusion (schedule/horizontal.py)
+            parts = " | ".join(_members(part) for part in step.parts)
+            lines.append(f"step {i}: horizontal kernel of {len(step.parts)} parts [{parts}]")
+        elif isinstance(step, KernelStep):
+            lines.append(f"step {i}: kernel [{_members(step)}]")
         elif i in overlaps:
             lines.append(f"step {i}: collective {step.op}, {describe_overlap(overlaps[i])}")
         elif i in waits:
@@ -89,6 +91,10 @@ def describe_fusion(scheduled, origins: list | None = None) -> str:
                 lines.append(f"    ... and {origins[i].more_sources} more source lines")
     lines += ["", f"{scheduled.fusions} fusions; refused:"] + [f"  {r}" for r in scheduled.refusals]
     return "\n".join(lines) + "\n"
+
+
+def _members(step) -> str:
+    return ", ".join(c.name + ("" if c.name in step.stored else " (kernel-local)") for c in step.group)
 
 
 def describe_overlap(overlap) -> str:

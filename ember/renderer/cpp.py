@@ -275,7 +275,7 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
     errors = kernel_errors(program)
     if errors:  # Note: kernel errors
         signature += ", int64_t* ember_error"
-    body = _render_body(program, parallel_threshold, errors, choices)
+    body = render_body(program, parallel_threshold, errors, choices)
     declarations = reduction_declarations(program)
     if any(u.op is Ops.PHILOX for u in program):
         declarations += PHILOX
@@ -343,11 +343,14 @@ def _reduction_name(combine: str, ctype: str) -> str:
 
 
 def loop_pragma(program: list[UOp], start: int, outermost: bool, parallel_threshold: int,
-                choices: KernelChoices = DEFAULT_CHOICES) -> str | None:  # fmt: skip
+                choices: KernelChoices = DEFAULT_CHOICES, region: str | None = None) -> str | None:  # fmt: skip
     """OpenMP for the loop opened at program[start]: `parallel for` on a large outermost
     loop, `simd` on an innermost one, with a reduction clause for each accumulator updated
     inside and declared outside (but none on the lane loop of a lane accumulator, whose
-    iterations update distinct elements: Note: lane accumulators, codegen/lanes.py)."""
+    iterations update distinct elements: Note: lane accumulators, codegen/lanes.py). In a
+    horizontal kernel's parallel region the large loop is `for` instead, work-shared by the
+    region's threads, with the clause `region` ("nowait": they go on to the next part without
+    waiting; renderer/cpp_horizontal.py)."""
     loop = program[start]
     innermost, updated, declared_inside, depth, scatters = True, [], set(), 0, False
     for u in program[start + 1 :]:
@@ -372,9 +375,11 @@ def loop_pragma(program: list[UOp], start: int, outermost: bool, parallel_thresh
     simd = innermost and not scatters
     if not parallel and not simd:
         return None
-    words = (["parallel for"] if parallel else []) + (["simd"] if simd else [])
+    words = (["for" if region is not None else "parallel for"] if parallel else []) + (["simd"] if simd else [])
     clauses = [f"reduction({_clause_op(acc)}:{_acc_section(acc)})" for acc in updated]
-    if parallel:
+    if parallel and region is not None:
+        clauses += [region] if region else []
+    elif parallel:
         clauses = parallel_clauses(choices, program, start, carries=bool(updated)) + clauses
         if (symbolic := _symbolic_work(program, loop, choices.tile)) is not None:  # decided at run time
             clauses.append(f"if({symbolic} >= {parallel_threshold})")
@@ -393,11 +398,16 @@ def _clause_op(acc: UOp) -> str:
     return _reduction_name(combine.name, acc.dtype.ctype)
 
 
-def _render_body(program: list[UOp], parallel_threshold: int, errors: list[CheckArg],
-                 choices: KernelChoices = DEFAULT_CHOICES) -> str:  # fmt: skip
+def render_body(program: list[UOp], parallel_threshold: int, errors: list[CheckArg],
+                choices: KernelChoices = DEFAULT_CHOICES, region: str | None = None,
+                rename: dict[str, str] | None = None, depth: int = 1,
+                deferred: list[str] | None = None) -> str:  # fmt: skip
+    """`region`, `rename`, `depth` and `deferred`: a part of a horizontal kernel inside its parallel
+    region (`loop_pragma`), its parameters renamed to the kernel's, the stores outside its loops
+    put in `deferred` rather than in place (renderer/cpp_horizontal.py)."""
     names: dict[UOp, str] = {}
+    outermost = depth
     lines: list[str] = []
-    depth = 1
     counter = 0
 
     def ref(u: UOp) -> str:
@@ -412,7 +422,8 @@ def _render_body(program: list[UOp], parallel_threshold: int, errors: list[Check
         if u.op is Ops.RANGE:
             before, header = loop_lines(u, choices.tile)
             lines.extend(pad + line for line in before)
-            if (pragma := loop_pragma(program, i, depth == 1, parallel_threshold, choices)) is not None:
+            pragma = loop_pragma(program, i, depth == outermost, parallel_threshold, choices, region)
+            if pragma is not None:
                 lines.append(f"{pad}{pragma}")
             lines.append(pad + header)
             depth += 1
@@ -420,13 +431,15 @@ def _render_body(program: list[UOp], parallel_threshold: int, errors: list[Check
             depth -= 1
             lines.append(f"{'  ' * depth}}}")
         elif u.op is Ops.INDEX:
-            names[u] = f"{u.src[0].arg.name}[{ref(u.src[1])}]"
+            buffer = u.src[0].arg.name
+            names[u] = f"{rename.get(buffer, buffer) if rename else buffer}[{ref(u.src[1])}]"
         elif u.op is Ops.LOAD:
             names[u] = ref(u.src[0])
         elif u.op is Ops.STORE and isinstance(u.arg, ScatterArg):
             lines.append(f"{pad}{_scatter_store(u.arg, u.src[1].dtype, ref(u.src[0]), ref(u.src[1]))};")
         elif u.op is Ops.STORE:
-            lines.append(f"{pad}{ref(u.src[0])} = {ref(u.src[1])};")
+            stores = deferred if deferred is not None and depth == outermost else lines
+            stores.append(f"{pad}{ref(u.src[0])} = {ref(u.src[1])};")
         elif u.op is Ops.DEFINE_ACC:
             names[u] = f"acc{u.arg.id}"
             lines.extend(_declare_acc(u, pad))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass, field
 
 from ember.renderer.triton_math import render_math
 from ember.renderer.triton_scan import combine_call, scan_call
@@ -180,21 +181,33 @@ REDUCE_CALLS = {Ops.ADD: "tl.sum", Ops.MAX: "ember_max", Ops.MIN: "ember_min", O
 
 
 def render_body(program: list[UOp], errors: list[CheckArg], index_bits: int,
-                scalars: frozenset[str] = frozenset()) -> list[str]:  # fmt: skip
+                scalars: frozenset[str] = frozenset(), part: PartNaming | None = None) -> list[str]:  # fmt: skip
     """The statements of one @triton.jit function: one per UOp of the linearized block program
     (Note: block lowering, codegen/block_lowering.py), loops as Python `for`s. `index_bits`: the
-    width of index math (codegen/blocks.py); `scalars`: one-element buffers passed by value."""
-    body = _Body(errors, index_bits, scalars)
+    width of index math (codegen/blocks.py); `scalars`: one-element buffers passed by value;
+    `part`: how a part of a horizontal kernel names things (renderer/triton_horizontal.py)."""
+    body = _Body(errors, index_bits, scalars, part or PartNaming())
     for u in program:
         body.emit(u)
     return body.lines
 
 
+@dataclass(frozen=True)
+class PartNaming:
+    """A part of a horizontal kernel (Note: horizontal fusion, schedule/horizontal.py): its
+    parameters' names in the kernel, a prefix for its own names (the parts share one function
+    scope), and its program id (an offset into the kernel's)."""
+
+    rename: dict[str, str] = field(default_factory=dict)
+    prefix: str = ""
+    program_id: str = "tl.program_id(0)"
+
+
 class _Body:
     """The names given so far and the lines written; each op's spelling is one method."""
 
-    def __init__(self, errors: list[CheckArg], index_bits: int, scalars: frozenset[str]):
-        self.errors, self.scalars = errors, scalars
+    def __init__(self, errors: list[CheckArg], index_bits: int, scalars: frozenset[str], part: PartNaming):
+        self.errors, self.scalars, self.part = errors, scalars, part
         self.widen = "" if index_bits == 32 else ".to(tl.int64)"
         self.names: dict[UOp, str] = {}
         self.lines: list[str] = []
@@ -205,7 +218,7 @@ class _Body:
         if u.op is Ops.CONST:
             return render_const(u.arg, u.dtype)
         if u.op is Ops.BUFFER:
-            return u.arg.name
+            return self.part.rename.get(u.arg.name, u.arg.name)
         if u.op is Ops.BLOCK_SIZE:
             return u.arg.value
         if u.op is Ops.DEFINE_VAR:  # a size argument (Note: symbolic blocks, codegen/blocks.py)
@@ -215,8 +228,11 @@ class _Body:
     def line(self, text: str) -> None:
         self.lines.append("    " * self.depth + text)
 
+    def fresh(self, kind: str) -> str:
+        return f"{self.part.prefix}{kind}{next(self.counter)}"
+
     def assign(self, u: UOp, text: str) -> None:
-        name = f"t{next(self.counter)}"
+        name = self.fresh("t")
         self.line(f"{name} = {text}")
         self.names[u] = name
 
@@ -242,7 +258,7 @@ class _Body:
     def open_loop(self, r: UOp) -> None:
         """A loop over chunks of a block axis (its variable is the chunk's offset) or over
         elements one at a time."""
-        name, numel = r.arg.name, spell_size(r.src[0], TRITON_SIZES)
+        name, numel = self.part.prefix + r.arg.name, spell_size(r.src[0], TRITON_SIZES)
         if r.src[0].op is not Ops.CONST:  # of size arguments (Note: symbolic blocks, triton_prelude.py)
             numel = f"ember_loop_bound({numel})"
         if r.arg.block is not None:
@@ -260,7 +276,7 @@ class _Body:
 
     # -- blocks --
     def program_id(self, u: UOp) -> None:
-        self.assign(u, f"tl.program_id(0){self.widen}")
+        self.assign(u, f"{self.part.program_id}{self.widen}")
 
     def arange(self, u: UOp) -> None:
         axis, dims = u.arg.axis, u.arg.dims
@@ -284,7 +300,7 @@ class _Body:
     def load(self, u: UOp) -> None:
         buffer = u.src[0].src[0]
         if buffer.arg.name in self.scalars:  # a one-element buffer passed by value (the seed, an offset)
-            self.names[u] = buffer.arg.name
+            self.names[u] = self.ref(buffer)
             return
         mask = f", mask={self.ref(u.src[1])}" if len(u.src) > 1 else ""
         self.assign(u, f"tl.load({self.ref(u.src[0])}{mask})")
@@ -306,13 +322,13 @@ class _Body:
             literal = render_const(value.arg, dtypes.float32 if value.dtype.is_float else value.dtype)
             stored = f"tl.full({shape}, {literal}, {tl_type(buffer.dtype)})"
         spec = ScatterStore(store.arg, buffer.dtype, tl_type(buffer.dtype), buffer.arg.name, self.ref(position),
-                            stored, self.ref(mask), shape, f"s{next(self.counter)}_", "    " * self.depth)  # fmt: skip
+                            stored, self.ref(mask), shape, self.fresh("s") + "_", "    " * self.depth)  # fmt: skip
         self.lines += scatter_store_lines(spec)
 
     def check(self, u: UOp) -> None:
         """Note: kernel errors on the GPU: active lanes whose check failed report its code."""
         value, ok, reported, mask = (self.ref(s) for s in u.src)
-        failed = f"t{next(self.counter)}"
+        failed = self.fresh("t")
         self.line(f"{failed} = ({ok} == 0) & {mask}")
         code = self.errors.index(u.arg) + 1
         self.line(f"tl.store(tl.broadcast_to(ember_error + {code}, {failed}.shape), {reported}, mask={failed})")
@@ -332,7 +348,7 @@ class _Body:
 
     # -- accumulators --
     def define_acc(self, u: UOp) -> None:
-        name = f"acc{u.arg.id}"
+        name = f"{self.part.prefix}acc{u.arg.id}"
         self.line(f"{name} = {render_full(u.arg.block.shape, u.arg.identity, u.dtype)}")
         self.names[u] = name
 

@@ -37,6 +37,8 @@ class GraphSummary:
     mutated_inputs: list[int] = field(default_factory=list)  # inputs the graph writes into (runtime/cuda_graphs.py)
     inputs_written_in_place: int = 0  # (Note: inputs written in place, lower/mutation.py)
     kernel_bytes: int = 0  # bytes the kernels read and write (ember.metrics.kernel_bytes)
+    horizontal_groups: int = 0  # horizontal kernels (Note: horizontal fusion, schedule/horizontal.py)
+    horizontal_parts: int = 0  # the kernels they launch together
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], config_key: str, identity: str) -> str:

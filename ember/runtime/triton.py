@@ -259,8 +259,11 @@ class TritonLauncher:
 
     def __init__(self, module: ModuleType, name: str, variants: list[str], xnumel: int, rnumel: int,
                  written: list[int], interpret: bool, autotune: bool = True, xextent: int = 0, tuned: int = 8,
-                 arguments: list[str] | None = None, root: str = "", relative: str = "") -> None:  # fmt: skip
+                 arguments: list[str] | None = None, root: str = "", relative: str = "",
+                 parts: list[int] | None = None) -> None:  # fmt: skip
         self.module, self.name, self.variants, self.autotune = module, name, variants, autotune
+        # a horizontal kernel's parts' element counts: each takes its own programs (renderer/triton_horizontal.py)
+        self.parts = parts
         self.tuned = max(1, tuned)  # the most candidates the first call times (config.tuning_candidates)
         self.xextent = max(xnumel, xextent)  # what XBLOCK may cover (more than the grid's x: nested reductions)
         self.xnumel, self.rnumel, self.written, self.interpret = xnumel, rnumel, written, interpret
@@ -336,8 +339,9 @@ class TritonLauncher:
                 self.config = config  # last: the fast path reads grid and constexprs once config is set
 
     def grid_and_blocks(self, config: LaunchConfig) -> tuple[int, dict[str, int]]:
-        """The grid of a static x extent and the block sizes."""
-        grid = (self.xnumel + config.xblock - 1) // config.xblock
+        """The grid of a static x extent (a horizontal kernel's: every part's) and the block sizes."""
+        numels = self.parts if self.parts is not None else [self.xnumel]
+        grid = sum((n + config.xblock - 1) // config.xblock for n in numels)
         return grid, {"XBLOCK": config.xblock} | ({"RBLOCK": config.rblock} if config.rblock else {})
 
     def function(self, config: LaunchConfig, wide: bool) -> str:

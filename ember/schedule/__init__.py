@@ -3,6 +3,7 @@
     build_nodes     one node per computed buffer / extern call, dependencies from UOp bodies
     eliminate_dead  drop computations nothing reads
     fuse            the fusion loop (fusion.py), with a reason for every refusal
+    horizontal      independent small elementwise kernels launched as one (horizontal.py)
     order           topological order of the groups; what each kernel must store
     collectives     each collective issued early, its wait late (collectives.py)
 
@@ -18,6 +19,7 @@ from torch.utils._pytree import tree_flatten
 from ember.ir import BufferRef, ComputedBuffer, ExternCall, IndexedStore, LoweredGraph
 from ember.schedule.collectives import Overlap, collective_overlaps, place_collectives
 from ember.schedule.fusion import FusionState, Group, WhyNoFuse, fuse
+from ember.schedule.horizontal import HorizontalPlan, group_horizontally
 from ember.schedule.memory import last_use_positions
 from ember.schedule.nodes import SchedulerNode, build_nodes, mutated_buffers
 from ember.schedule.order import ScheduleWork
@@ -32,6 +34,9 @@ class KernelStep:
     # what the fusion check computed for a fused group, so codegen does not compute it again
     alignment: tuple | None = None
     bodies: dict[str, UOp] | None = None
+    # a horizontal kernel (Note: horizontal fusion, horizontal.py): its independent parts, each a kernel
+    # of its own loops, launched as one; `group` and `stored` are then the parts' together
+    parts: tuple[KernelStep, ...] = ()
 
     @property
     def writes(self) -> list[str]:
@@ -54,10 +59,13 @@ class Schedule:
     fusions: int = 0
     work: ScheduleWork = field(default_factory=ScheduleWork)
     overlaps: list[Overlap] = field(default_factory=list)  # per collective (Note: collectives in the graph)
+    horizontal_groups: int = 0  # horizontal kernels (Note: horizontal fusion)
+    horizontal_parts: int = 0  # the kernels they launch together
 
 
-def schedule(graph: LoweredGraph, fusion: bool = True, blocks: bool = False) -> Schedule:
-    """`blocks`: the kernels run as blocks of GPU programs (Note: fusions that starve the GPU)."""
+def schedule(graph: LoweredGraph, fusion: bool = True, blocks: bool = False, horizontal: bool = True) -> Schedule:
+    """`blocks`: the kernels run as blocks of GPU programs (Note: fusions that starve the GPU);
+    `horizontal`: independent small elementwise kernels launch as one (Note: horizontal fusion)."""
     nodes = eliminate_dead(build_nodes(graph), graph)
     # an input stored in place is written like an output, and allocates nothing
     outputs = {o.ref.name for o in graph.outputs if o.ref is not None} | set(graph.mutated_inputs)
@@ -67,14 +75,22 @@ def schedule(graph: LoweredGraph, fusion: bool = True, blocks: bool = False) -> 
     state = FusionState([Group([n]) for n in nodes], outputs, nbytes, blocks)  # the program order is topological
     if fusion:
         state = fuse(state)
+    plan = group_horizontally(state) if fusion and horizontal else HorizontalPlan([[g] for g in state.groups], [])
     steps: list[Step] = []
-    for g in state.groups:
-        if g.is_extern:
-            steps.append(g.nodes[0].step)  # type: ignore[arg-type]
+    for unit in plan.units:
+        if unit[0].is_extern:
+            steps.append(unit[0].nodes[0].step)  # type: ignore[arg-type]
+            continue
+        parts = [KernelStep(g.computed, state.stored(g), g.alignment, g.bodies) for g in unit]
+        if len(parts) == 1:
+            steps.append(parts[0])
         else:
-            steps.append(KernelStep(g.computed, state.stored(g), g.alignment, g.bodies))
+            stored = set().union(*(p.stored for p in parts))
+            steps.append(KernelStep([c for p in parts for c in p.group], stored, parts=tuple(parts)))
     steps = place_collectives(steps, reads_of, _writes_and_mutations)
-    return Schedule(steps, state.refusals, state.fusions, state.work, collective_overlaps(steps))
+    horizontal_units = plan.horizontal
+    return Schedule(steps, state.refusals + plan.refusals, state.fusions, state.work, collective_overlaps(steps),
+                    len(horizontal_units), sum(len(u) for u in horizontal_units))  # fmt: skip
 
 
 def _computed(nodes: list[SchedulerNode]) -> list[ComputedBuffer]:

@@ -172,6 +172,8 @@ def why_no_fuse(state: FusionState, a: Group, b: Group) -> str | Fused:
         return unsafe
     if state.blocks and (starved := starved_programs(members, bodies)) is not None:
         return starved
+    if state.blocks and (repeated := stored_by_every_program(members)) is not None:
+        return repeated
     fused.alignment, fused.bodies = alignment, bodies
     plan = state.order.plan(a, b, fused)
     if all(split_reduction_member(state, n) for n in members):
@@ -230,6 +232,19 @@ def starved_programs(members: list[SchedulerNode], bodies: dict) -> str | None:
     big = max(sizes, key=lambda name: sizes[name])
     if few is not None and few < STARVED_PROGRAMS and sizes[big] >= STARVED_ELEMENTS and sizes[big] > few:
         return f"{big} ({sizes[big]} elements) would be computed by the {few} GPU program(s) of a reduction"
+    return None
+
+
+def stored_by_every_program(members: list[SchedulerNode]) -> str | None:
+    """An input stored in place over fewer elements than the kernel's (an optimizer's 0-d step
+    count, fused with the update that reads it): a loop nest stores it once, outside the loops
+    (the linearizer hoists it), but every GPU program of the kernel would read it and store it
+    again, and a program that reads after another stored sees the new value (Note: inputs written
+    in place, lower/mutation.py)."""
+    numel = max(size_hint(n.step.buffer.layout.numel) for n in members)
+    for n in members:
+        if n.step.buffer.kind == "input" and size_hint(n.step.buffer.layout.numel) < numel:
+            return f"every GPU program of the kernel would store input {n.name} in place, read by the others"
     return None
 
 
