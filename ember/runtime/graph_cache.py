@@ -36,6 +36,8 @@ class GraphSummary:
     overlapped_kernels: int = 0  # ember kernels run between a collective and its wait, summed over collectives
     mutated_inputs: list[int] = field(default_factory=list)  # inputs the graph writes into (runtime/cuda_graphs.py)
     inputs_written_in_place: int = 0  # (Note: inputs written in place, lower/mutation.py)
+    inplace_writes: int = 0  # kernel outputs over dying buffers (Note: in-place kernels, codegen/kernel.py)
+    donated_inputs_overwritten: int = 0  # of those, over donated inputs (Note: donated inputs, donation.py)
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], config_key: str, identity: str) -> str:

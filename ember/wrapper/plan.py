@@ -46,6 +46,8 @@ def live_bytes(lines: list, inputs_die: bool = False) -> list[int]:
             live += sum(nbytes(b) for b in _extern_outputs(line))
         elif isinstance(line, L.FreeIfNotReused):
             live -= nbytes(line.buffer)
+        elif isinstance(line, L.Reuse) and line.old.kind == "input":  # a kernel's output over a donated input:
+            live += nbytes(line.new) - inputs.pop(line.old.name, 0)  # its bytes are the wrapper's from here
         timeline.append(live)
     return timeline
 
