@@ -26,11 +26,11 @@ from ember.debug.log import DebugDump, describe_fusion, describe_ir
 from ember.debug.progress import CompileProgress, StageTimes, logger
 from ember.debug.provenance import profiler_labels, step_origins
 from ember.debug.record import GraphRecord, is_recording, new_graph_record
+from ember.donation import DONATED_INPUTS
 from ember.errors import EmberError, stage
 from ember.lower import lower_graph
 from ember.metrics import metrics
 from ember.passes import run_passes
-from ember.donation import DONATED_INPUTS
 from ember.passes.eager_memory import INPUTS_HELD
 from ember.runtime import graph_cache
 from ember.runtime.cache import CacheDirectoryError, open_root

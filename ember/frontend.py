@@ -23,8 +23,8 @@ from torch._functorch.partitioners import default_partition, min_cut_remateriali
 from ember import config as config_module
 from ember.collector import collection_paused
 from ember.compile_graph import compile_graph
-from ember.donation import mark_donated_inputs
 from ember.compile_symbolic import compile_symbolic, record_fallback
+from ember.donation import mark_donated_inputs
 from ember.errors import EmberError, warn_at_user_code
 from ember.frame_chunks import call_with_frame_room
 from ember.lower.decompositions import corrected_autograd_kernels, decomposition_table

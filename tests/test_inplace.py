@@ -52,9 +52,10 @@ def _choose(value_of, victim: Buffer | None = None) -> dict[str, str]:
 
 def test_a_row_reduction_writes_over_the_rows_it_reads():
     # softmax's backward: out[n, v] = x[n, v] * (1 - sum_r x[n, r]): row n is read whole, then stored
-    assert _choose(lambda x, n, v, r: _load(x, n * COLS + v) * (-_sum(_load(x, n * COLS + r), r) + 1.0)) == {
-        "out": "x"
-    }
+    def value_of(x, n, v, r):
+        return _load(x, n * COLS + v) * (-_sum(_load(x, n * COLS + r), r) + 1.0)
+
+    assert _choose(value_of) == {"out": "x"}
 
 
 @pytest.mark.parametrize(
@@ -114,7 +115,8 @@ def test_nested_reductions_are_refused():
 )
 def test_victims_of_other_layouts_are_never_written_over(victim):
     def value_of(x, n, v, r):
-        index = n * x.layout.stride[0] + (v * x.layout.stride[1] if x.layout.size[1] > 1 else UOp.const(dtypes.index, 0))
+        across = v * x.layout.stride[1] if x.layout.size[1] > 1 else UOp.const(dtypes.index, 0)
+        index = n * x.layout.stride[0] + across
         return _load(x, index) * 2.0
 
     assert _choose(value_of, victim) == {}

@@ -12,8 +12,8 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ember.metrics import metrics
 from ember.ir import Buffer, ComputedBuffer, IndexedStore, Layout, same_sizes
+from ember.metrics import metrics
 from ember.schedule.group import align, resolve_bodies
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import BufferArg, Ops, RangeKind, ScatterArg, UOp, substitute
