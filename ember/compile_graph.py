@@ -171,6 +171,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
             config.verify,
             labels,
             config.gpu_error_checks == "deferred",
+            config.cuda_graphs and device.type == "cuda",
         )
         call, path = load_wrapper(wrapper, graph.constants, Path(config.cache_dir))
         if config.verify:  # Note: verifying a compiled graph

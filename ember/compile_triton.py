@@ -25,7 +25,7 @@ from ember.config import Config
 from ember.debug.log import DebugDump
 from ember.errors import EmberError, stage
 from ember.ir import LoweredGraph
-from ember.lower.random import is_scalar_argument
+from ember.lower.random import SEED_BUFFER, is_scalar_argument
 from ember.lower.split_reductions import SplitPolicy, split_reductions
 from ember.metrics import metrics
 from ember.renderer.common import RenderedKernel
@@ -62,8 +62,9 @@ class TritonBackend:
         generated: dict[tuple, RenderedKernel] = {}  # Note: kernels generated once (compile_cpp.py)
         with stage("codegen", timings):
             limits = replace(self.capabilities.blocks or BlockLimits(), exp_sum_maximum=config.online_softmax)
+            seed_in_memory = config.cuda_graphs and not self.interpret  # Note: random numbers in CUDA graphs
             dying = dying_buffers(graph, steps)  # a kernel may write over one (Note: in-place kernels)
-            rendered = {i: codegen_triton_kernel(s, limits, config.check_ir, generated, dying[i])
+            rendered = {i: codegen_triton_kernel(s, limits, config.check_ir, generated, seed_in_memory, dying[i])
                         for i, s in enumerate(steps) if has_work(s)}  # fmt: skip
         metrics.add(kernels_codegen=len(generated))
         with stage("runtime", timings):
@@ -74,15 +75,22 @@ class TritonBackend:
 
 
 def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool = False,
-                          generated: dict[tuple, RenderedKernel] | None = None, dying: dict | None = None
+                          generated: dict[tuple, RenderedKernel] | None = None, seed_in_memory: bool = False,
+                          dying: dict | None = None
                           ) -> tuple[RenderedKernel, tuple[str, ...], dict[str, str]]:  # fmt: skip
     """One kernel: AST, block rewrite phases, block plan (codegen/blocks.py), render. Names the op
     when it fails. `generated`: the kernels already generated for this graph by AST (Note:
-    kernels generated once, compile_cpp.py). `dying`: the buffers whose last use is this kernel,
-    which it may write over (Note: in-place kernels, codegen/kernel.py); gives which it does."""
+    kernels generated once, compile_cpp.py). `seed_in_memory`: the random seed is read from a
+    one-element device buffer, not taken by value (Note: random numbers in CUDA graphs).
+    `dying`: the buffers whose last use is this kernel, which it may write over (Note: in-place
+    kernels, codegen/kernel.py); gives which it does."""
     try:
         ast = build_kernel_ast(step.group, step.stored, dying, step.alignment, step.bodies)
-        scalars = frozenset(f"p{i}" for i, buffer in enumerate(ast.params) if is_scalar_argument(buffer))
+        scalars = frozenset(
+            f"p{i}"
+            for i, buffer in enumerate(ast.params)
+            if is_scalar_argument(buffer) and not (seed_in_memory and buffer == SEED_BUFFER)
+        )
         key = (number_ranges(ast.sink), ast.outputs, scalars)
         kernel = generated.get(key) if generated is not None else None
         if kernel is None:

@@ -70,7 +70,7 @@ class Config:
     backend: str = _flag("auto", "EMBER_BACKEND", True,
                          "auto (or cpp): C++ for CPU graphs, Triton for CUDA; triton: Triton for CPU graphs too "
                          "(under Triton's interpreter)", choices=("auto", "cpp", "triton"))  # fmt: skip
-    cuda_graphs: bool = _flag(False, "EMBER_CUDA_GRAPHS", False,
+    cuda_graphs: bool = _flag(False, "EMBER_CUDA_GRAPHS", True,
                               "replay each CUDA graph's launches from a recorded CUDA graph (Note: CUDA graphs, "
                               "runtime/cuda_graphs.py); also torch.compile(mode=\"reduce-overhead\")")  # fmt: skip
     autotune: bool = _flag(True, "EMBER_AUTOTUNE", True, "time a few launch configurations per Triton kernel")

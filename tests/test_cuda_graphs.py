@@ -125,15 +125,57 @@ def test_training_step_matches_eager():
     assert metrics.cuda_graphs_recorded <= 4
 
 
+def _seeded_calls(f, inputs, calls: int) -> list:
+    """`f`'s results at `calls` calls after torch.manual_seed(0), the first call (compile and a
+    CUDA graph runner's warm-up) made before seeding."""
+    f(*inputs)
+    torch.manual_seed(0)
+    return [f(*inputs) for _ in range(calls)]
+
+
 @cuda
-def test_random_graph_runs_without_a_graph_and_says_why(caplog):
-    f = compiled(lambda x: torch.nn.functional.dropout(x, 0.5, training=True) * 2)
+def test_dropout_replays_draw_fresh_numbers_the_same_as_without_graphs():
+    """Note: random numbers in CUDA graphs: each replay draws its own seed, from torch's
+    generator, so the numbers equal those of the same calls without CUDA graphs."""
+    fn = lambda x: torch.nn.functional.dropout(x, 0.5, training=True) * 2  # noqa: E731
     x = torch.ones(4096, device="cuda")
-    with caplog.at_level("WARNING", logger="ember"):
-        outs = [f(x) for _ in range(3)]
-    assert metrics.cuda_graph_refusals == 1 and metrics.cuda_graphs_recorded == 0
-    assert "random" in caplog.text
-    assert not torch.equal(outs[1], outs[2])  # fresh numbers at every call
+    replayed = _seeded_calls(compiled(fn), [x], 4)
+    assert metrics.cuda_graph_refusals == 0 and metrics.cuda_graphs_recorded == 1
+    assert metrics.cuda_graph_replays == 4
+    torch._dynamo.reset()
+    plain = _seeded_calls(torch.compile(fn, backend="ember", dynamic=False), [x], 4)
+    assert not torch.equal(replayed[2], replayed[3])  # fresh numbers at every replay
+    for got, want in zip(replayed, plain):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert 0.4 < (got != 0).float().mean().item() < 0.6
+
+
+@cuda
+def test_training_with_dropout_replays_forward_and_backward():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Dropout(0.3), torch.nn.GELU(),
+                                torch.nn.Linear(128, 8)).cuda()  # fmt: skip
+    x = torch.randn(32, 64, device="cuda")
+
+    def step(f):
+        loss = f(x).square().mean()
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        return loss.detach(), grads
+
+    graphs = compiled(model)
+    replayed = _seeded_calls(lambda: step(graphs), [], 4)
+    # the forward and the backward; the backward once more when the saved values it reads move
+    assert metrics.cuda_graph_refusals == 0 and 2 <= metrics.cuda_graphs_recorded <= 3
+    assert metrics.cuda_graph_replays >= 6
+    torch._dynamo.reset()
+    plain_model = torch.compile(model, backend="ember", dynamic=False)
+    plain = _seeded_calls(lambda: step(plain_model), [], 4)
+    for (loss, grads), (want_loss, want_grads) in zip(replayed, plain):
+        torch.testing.assert_close(loss, want_loss, rtol=1e-6, atol=1e-6)
+        for g, w in zip(grads, want_grads):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
 @cuda
@@ -147,6 +189,49 @@ def test_bad_index_raises_after_a_replay():
     with pytest.raises(IndexError):
         f(torch.tensor([1, 20, 3], device="cuda"))
     torch.testing.assert_close(f(good), weight[good] * 2)
+
+
+@cuda
+def test_deferred_error_checks_of_the_warm_up_call_do_not_stop_the_recording():
+    """The default deferred checks queue an event at the warm-up call; the next call (the
+    recording) must not query it while capturing (it would invalidate the capture)."""
+    weight = torch.randn(10, 4, device="cuda")
+    torch._dynamo.reset()
+    metrics.reset()
+    options = {"cuda_graphs": True, "gpu_error_checks": "deferred"}  # (the tests' default is "sync")
+    f = torch.compile(lambda i: torch.nn.functional.embedding(i, weight) * 2, backend="ember", options=options)
+    good = torch.tensor([1, 2, 3], device="cuda")
+    for _ in range(4):
+        torch.testing.assert_close(f(good), weight[good] * 2)
+    assert metrics.cuda_graph_refusals == 0 and metrics.cuda_graphs_recorded == 1
+    assert metrics.cuda_graph_replays >= 2
+    f(torch.tensor([1, 20, 3], device="cuda"))
+    with pytest.raises(IndexError):
+        ember.check_gpu_errors()
+
+
+@cuda
+def test_small_outputs_of_several_dtypes_stay_right_while_kept():
+    """Note: one copy per replay: small outputs are packed into one buffer per replay, each a
+    tensor of its own that later replays never overwrite."""
+
+    def fn(x):
+        return x.sum(), x.argmax(), x > 0, x.half() * 2, x[:3] + 1, (x * 3).reshape(10, 10).t()
+
+    f = compiled(fn)
+    kept = []
+    for k in range(6):
+        x = torch.randn(100, device="cuda") + k
+        kept.append((x, f(x)))
+    assert metrics.cuda_graph_replays >= 4 and metrics.cuda_graph_refusals == 0
+    for x, got in kept:
+        for g, w in zip(got, fn(x)):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    got = kept[-1][1]
+    got[0].add_(100)  # each output is its own tensor: writing one changes no other
+    torch.testing.assert_close(got[1], fn(kept[-1][0])[1])
+    torch.testing.assert_close(got[4], fn(kept[-1][0])[4])
 
 
 @cuda
@@ -175,12 +260,23 @@ def test_threads_sharing_a_graph_get_their_own_results():
 
 @cuda
 def test_cpu_input_is_refused_with_a_reason(caplog):
-    f = compiled(lambda x, s: x * s)
+    f = compiled(lambda x, i: x[i] * 2)
+    x, i = torch.arange(8.0, device="cuda"), torch.tensor([1, 5])
     with caplog.at_level("WARNING", logger="ember"):
         for _ in range(3):
-            out = f(torch.ones(8, device="cuda"), torch.tensor(3.0))
-    torch.testing.assert_close(out, torch.full((8,), 3.0, device="cuda"))
-    assert metrics.cuda_graph_refusals == 1 and "cpu" in caplog.text
+            out = f(x, i)
+    torch.testing.assert_close(out, x[i.cuda()] * 2)
+    assert metrics.cuda_graph_refusals == 1 and "input 1 (shape (2,), torch.int64) is on cpu" in caplog.text
+
+
+@cuda
+def test_a_0d_cpu_input_is_copied_in_before_each_replay():
+    f = compiled(lambda x, s: x * s)
+    x = torch.ones(8, device="cuda")
+    for k in range(5):
+        torch.testing.assert_close(f(x, torch.tensor(float(k))), torch.full((8,), float(k), device="cuda"))
+    assert metrics.cuda_graph_refusals == 0 and metrics.cuda_graphs_recorded == 1
+    assert metrics.cuda_graph_replays == 4
 
 
 @cuda

@@ -10,8 +10,9 @@ Note: CUDA graphs
     while every address it baked in holds what this call means, so a `CudaGraphRunner`:
       - runs the first call as is (a warm-up: Triton's autotuning, cuBLAS's workspace, lazily
         moved constants), watching what the call does that a graph cannot replay: CPU tensor
-        inputs, random ops (ember's Triton kernels take their seed by value, so a replay would
-        repeat the same numbers). Such a graph runs as is ever after, with one warning naming why;
+        inputs other than 0-d ones, a random seed taken by value (see below). Such a graph runs
+        as is ever after, with one warning naming why. A 0-d CPU tensor (a scalar eager mixes in,
+        as a loss's count of targets) is a static input from the start, on the device;
       - records at the second call. An input is read where it lies (its address is baked in)
         until a call brings it at another address: from then on it is copied into a buffer of
         the recording (a "static input") before each replay, and the graph is recorded again.
@@ -31,6 +32,16 @@ Note: CUDA graphs
         copying inputs and replaying, and each replay's stream waits for the previous replay of
         that recording to finish (static inputs are overwritten only after it read them).
     Every recording, replay and refusal is counted in `ember.metrics` (cuda_graph_*).
+
+Note: random numbers in CUDA graphs
+    ember's Triton kernels take the random seed by value (an int argument: no device buffer to
+    fill per call), which a recording would bake in, repeating the same dropout mask at every
+    replay. With CUDA graphs on (`config.cuda_graphs`, in the cache key), the seed is a one-element
+    device buffer the kernels load instead (compile_triton.py `seed_in_memory`): the wrapper's
+    `random_seed_on` fills a fresh one per call, and while recording hands out a buffer of the
+    recording, which `_replay` fills with a fresh draw from torch's generator before each replay,
+    on the replay's stream. So dropout-trained models replay, and `torch.manual_seed` still
+    reproduces a run. A graph compiled with the seed by value refuses recording, as before.
 """
 
 from __future__ import annotations
@@ -45,7 +56,7 @@ from typing import Any
 import torch
 
 from ember.metrics import metrics
-from ember.wrapper.runtime import capture_state
+from ember.wrapper.runtime import capture_state, current_stream_object, draw_seed, report_earlier_gpu_errors
 
 log = logging.getLogger("ember")
 
@@ -108,7 +119,10 @@ class _Recording:
     storages: list[torch.UntypedStorage]  # pool storages the outputs lie on
     outputs: list[_Output]
     error_checks: list = field(default_factory=list)  # (GpuErrorFlags, errors, deferred) recorded in it
+    seeds: list = field(default_factory=list)  # its random seeds' device buffers, drawn afresh per replay
     done: torch.cuda.Event | None = None  # recorded after its last replay
+    copy_out: _CopyOut | None = None  # how its small outputs are copied out (Note: one copy per replay)
+    device: torch.device = torch.device("cuda")  # the device it was recorded on (current then)
 
     def matches(self, args: list) -> bool:
         return all(_placement(args[i]) == placed for i, placed in self.addresses.items())
@@ -154,7 +168,11 @@ class CudaGraphRunner:
             return self._replay(recording, args)
 
     def _warm_up(self, args: list) -> list:
-        host = [(i, x.device) for i, x in enumerate(args) if isinstance(x, torch.Tensor) and x.device.type != "cuda"]
+        on_host = [(i, x) for i, x in enumerate(args) if isinstance(x, torch.Tensor) and x.device.type != "cuda"]
+        scalars = {i for i, x in on_host if x.dim() == 0 and i not in self.mutated_inputs}
+        host = [f"input {i} (shape {tuple(x.shape)}, {x.dtype}) is on {x.device}"
+                for i, x in on_host if i not in scalars]  # fmt: skip
+        self._copied |= scalars  # 0-d host tensors: copied to a device buffer of the recording before each replay
         probe = capture_state.probe = _Probe()
         try:
             outputs = self.call(args)
@@ -162,10 +180,10 @@ class CudaGraphRunner:
             capture_state.probe = None
         self._warmed_up = True
         if host:
-            self.refuse(f"input {host[0][0]} is on {host[0][1]} (a CUDA graph reads device memory only)")
+            self.refuse(f"{host[0]} (a CUDA graph reads device memory only)")
         elif probe.random:
-            self.refuse("it draws random numbers (dropout, rand): ember's Triton kernels take their seed by value, "
-                         "so a replay would repeat the same numbers")  # fmt: skip
+            self.refuse("it draws random numbers with a seed its kernels take by value (compiled without "
+                         "cuda_graphs), so a replay would repeat the same numbers")  # fmt: skip
         return outputs
 
     def refuse(self, reason: str) -> None:
@@ -210,13 +228,15 @@ class CudaGraphRunner:
         addresses, copied = {}, []
         for i, x in enumerate(args):
             if isinstance(x, torch.Tensor) and i in self._copied:
-                inputs[i] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+                device = x.device if x.device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
+                inputs[i] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device).copy_(x)
                 copied.append(i)
             else:
                 addresses[i] = _placement(x)
         graph = torch.cuda.CUDAGraph()
         checks: list = []
-        capture_state.recorder = checks
+        seeds: list = []
+        capture_state.recorder, capture_state.seeds = checks, seeds
         try:
             with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(), capture_error_mode="thread_local"):
                 outputs = self.call(list(inputs))
@@ -224,24 +244,29 @@ class CudaGraphRunner:
             self.refuse(f"recording failed: {type(e).__name__}: {e}")
             return None
         finally:
-            capture_state.recorder = None
+            capture_state.recorder, capture_state.seeds = None, None
         self._records += 1
         metrics.add(cuda_graphs_recorded=1)
         storages, rebuilt = _describe_outputs(outputs, inputs)
-        recording = _Recording(graph, inputs, addresses, copied, storages, rebuilt, checks)
+        recording = _Recording(graph, inputs, addresses, copied, storages, rebuilt, checks, seeds)
+        recording.copy_out = _CopyOut.plan(storages, rebuilt)
+        recording.device = torch.device("cuda", torch.cuda.current_device())
         held = {o.index for o in rebuilt if o.kind == "held"}
         weakref.finalize(recording, _release_outputs, _hold_outputs([storages[i] for i in sorted(held)]))
         return recording
 
     def _replay(self, recording: _Recording, args: list) -> list:
-        stream = torch.cuda.current_stream()
+        report_earlier_gpu_errors()  # (a replay runs no wrapper call, which would read them)
+        stream = current_stream_object(recording.device)
         if recording.done is not None:
             stream.wait_event(recording.done)
-        for i in recording.copied:
-            recording.inputs[i].copy_(args[i])
+        else:
+            recording.done = torch.cuda.Event()
+        _copy_static_inputs(recording, args)
+        for seed in recording.seeds:  # Note: random numbers in CUDA graphs
+            seed.fill_(draw_seed())
         recording.graph.replay()
         outputs = _rebuild_outputs(recording, args)
-        recording.done = torch.cuda.Event()
         recording.done.record(stream)
         metrics.add(cuda_graph_replays=1)
         for flags, errors, deferred in recording.error_checks:
@@ -283,8 +308,58 @@ def _describe_outputs(outputs, inputs: list) -> tuple[list[torch.UntypedStorage]
     return storages, described
 
 
+def _copy_static_inputs(recording: _Recording, args: list) -> None:
+    """The moved inputs into the recording's buffers: the device ones in one launch."""
+    on_device = [i for i in recording.copied if args[i].device.type == "cuda"]
+    if on_device:
+        torch._foreach_copy_([recording.inputs[i] for i in on_device], [args[i] for i in on_device])
+    for i in recording.copied:
+        if args[i].device.type != "cuda":  # a 0-d host tensor
+            recording.inputs[i].fill_(args[i].item())
+
+
+# Note: one copy per replay
+#   A replay's small outputs are copied out of the recording's memory (Note: CUDA graphs), and a
+#   training step's backward has one per parameter: a storage allocated and a copy launched for
+#   each cost about 14 us of CPU apiece, more than the replay itself. `_CopyOut` packs them
+#   instead into one fresh buffer per replay, each at a 256-byte aligned offset (as the caching
+#   allocator aligns its own), filled by one `_foreach_copy_` of the recording's storages'
+#   bytes; each output is a tensor of its own on that buffer (none is a view of another, and
+#   writing one in place touches no other). A user holding one keeps the buffer alive, which is
+#   at most the sum of the small outputs.
+COPY_OUT_ALIGNMENT = 256
+
+
+@dataclass
+class _CopyOut:
+    sources: list[torch.Tensor]  # each copied storage's bytes, as a uint8 tensor
+    offsets: list[int]  # where each lands in the packed buffer, in bytes
+    total: int
+    slot: dict[int, int]  # storage index -> its position in `sources`
+
+    @staticmethod
+    def plan(storages: list[torch.UntypedStorage], outputs: list[_Output]) -> _CopyOut | None:
+        copied = sorted({o.index for o in outputs if o.kind == "copied"})
+        if not copied:
+            return None
+        sources, offsets, total = [], [], 0
+        for i in copied:
+            storage = storages[i]
+            as_bytes = torch.empty(0, dtype=torch.uint8, device=storage.device)
+            sources.append(as_bytes.set_(storage, 0, (storage.nbytes(),)))
+            offsets.append(total)
+            total += -(-storage.nbytes() // COPY_OUT_ALIGNMENT) * COPY_OUT_ALIGNMENT
+        return _CopyOut(sources, offsets, total, {i: k for k, i in enumerate(copied)})
+
+    def run(self) -> torch.Tensor:
+        packed = torch.empty(self.total, dtype=torch.uint8, device=self.sources[0].device)
+        targets = [packed[offset : offset + source.numel()] for offset, source in zip(self.offsets, self.sources)]
+        torch._foreach_copy_(targets, self.sources)
+        return packed
+
+
 def _rebuild_outputs(recording: _Recording, args: list) -> list:
-    copies: dict[int, torch.UntypedStorage] = {}
+    packed = recording.copy_out.run() if recording.copy_out is not None else None
     outputs = []
     for o in recording.outputs:
         if o.kind == "value":
@@ -294,12 +369,10 @@ def _rebuild_outputs(recording: _Recording, args: list) -> list:
             x = args[o.index]
             outputs.append(x.as_strided(o.size, o.stride, x.storage_offset() + o.offset))
             continue
-        storage = recording.storages[o.index]
+        storage, offset = recording.storages[o.index], o.offset
         if o.kind == "copied":
-            if o.index not in copies:
-                copy = torch.UntypedStorage(storage.nbytes(), device=storage.device)
-                copy.copy_(storage)
-                copies[o.index] = copy
-            storage = copies[o.index]
-        outputs.append(torch.empty(0, dtype=o.dtype, device=storage.device).set_(storage, o.offset, o.size, o.stride))
+            assert packed is not None and recording.copy_out is not None and o.dtype is not None
+            storage = packed.untyped_storage()
+            offset += recording.copy_out.offsets[recording.copy_out.slot[o.index]] // o.dtype.itemsize
+        outputs.append(torch.empty(0, dtype=o.dtype, device=storage.device).set_(storage, offset, o.size, o.stride))
     return outputs

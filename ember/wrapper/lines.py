@@ -57,10 +57,13 @@ class Allocate:
     large: bool = False  # a large CPU buffer (runtime/memory.py): pooled and/or in huge pages
     huge_pages: bool = False  # Note: huge pages for fresh buffers
     pool_bytes: int = 0  # Note: pooled large buffers (0: fresh)
+    cuda: bool = False  # on the wrapper's CUDA device, which is current during the call
 
     def render(self) -> str:
         b = self.buffer
         size, stride = S(b.layout.size), S(b.layout.stride)
+        if self.cuda:
+            return f"{b.name} = empty_cuda({size}, {stride}, {to_torch(b.dtype)})"
         if self.large:
             nbytes = S(b.layout.storage_size * b.dtype.itemsize)
             return (f"{b.name} = empty_large({size}, {stride}, {to_torch(b.dtype)}, {nbytes}, "
@@ -75,8 +78,11 @@ class DrawSeed:
 
     buffer: Buffer
     by_value: bool = False  # Triton kernels take the seed as an int argument, not a tensor
+    on_device: bool = False  # ... or read it from device memory (Note: random numbers in CUDA graphs)
 
     def render(self) -> str:
+        if self.on_device:
+            return f"{self.buffer.name} = random_seed_on(_device)"
         return f"{self.buffer.name} = {'random_seed_value' if self.by_value else 'random_seed'}()"
 
 
