@@ -249,3 +249,26 @@ def test_tuning_an_in_place_kernel_leaves_its_input_for_the_real_call(monkeypatc
     _assert_close(got, expected)
     assert ember.metrics.donated_inputs_overwritten == 1
     assert ember.metrics.triton_kernels_tuned >= 1 and len(trials) >= 2
+
+
+@pytest.mark.parametrize("metadata", [None, object(), type("Meta", (), {"bw_donated_idxs": None})()])
+def test_a_torch_without_donation_metadata_donates_nothing(monkeypatch, metadata):
+    from ember.donation import DONATED_INPUTS, donated_positions, mark_donated_inputs
+
+    context = type("Context", (), {"fw_metadata": metadata})() if metadata is not None else None
+    monkeypatch.setattr(torch._guards.TracingContext, "try_get", staticmethod(lambda: context))
+    gm = torch.fx.symbolic_trace(lambda x: x * 2)
+    mark_donated_inputs(gm, [torch.ones(3)])
+    assert donated_positions() == [] and DONATED_INPUTS not in gm.meta
+
+
+def test_two_donated_inputs_on_one_storage_are_not_donated(monkeypatch):
+    from ember.donation import DONATED_INPUTS, mark_donated_inputs
+
+    metadata = type("Meta", (), {"bw_donated_idxs": [0, 1, 2]})()
+    context = type("Context", (), {"fw_metadata": metadata})()
+    monkeypatch.setattr(torch._guards.TracingContext, "try_get", staticmethod(lambda: context))
+    gm = torch.fx.symbolic_trace(lambda a, b, c: a + b.sum() + c)
+    base = torch.ones(4, 4)
+    mark_donated_inputs(gm, [base, base[0], torch.ones(4)])  # a and b share a storage
+    assert gm.meta[DONATED_INPUTS] == ("c",)
