@@ -178,6 +178,18 @@ def test_softmax_gradient_is_written_over_the_saved_probabilities(monkeypatch, b
     assert ember.metrics.donated_inputs_overwritten == 1
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_softmax_over_columns_gradient_matches_eager(monkeypatch, backend):
+    # the saved probabilities are read down columns while the gradient is stored row by row: a
+    # column's sum would be taken after earlier rows were stored over it, so no kernel may write
+    # over them where it reads them so (the kernel AST tests above: a row loop inside an element loop)
+    _backends(monkeypatch, backend)
+    torch.manual_seed(0)
+    x, w, weights = torch.randn(40, 24), torch.randn(24, 30), torch.randn(40, 30)
+    got, expected = _gradients(lambda x, w, t: (torch.softmax(x @ w, 0) * t).sum(), [x, w], weights)
+    _assert_close(got, expected)
+
+
 @cpu_kernels_only
 def test_a_saved_tensor_a_forward_output_shares_is_never_donated(monkeypatch):
     # y is returned to the user too: AOTAutograd donates it not, so its gradient is a buffer of its own
