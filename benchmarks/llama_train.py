@@ -84,6 +84,11 @@ def main() -> None:
         model = copy.deepcopy(base)
         try:
             results[compiler] = train(model, compiler, batches, args.mode, args.fp32)
+            if compiler == "ember":  # what ember wrote in place (Note: in-place kernels, codegen/kernel.py)
+                from ember.metrics import metrics
+
+                written, donated = metrics.inplace_writes, metrics.donated_inputs_overwritten
+                results[compiler]["in_place"] = f"{written} in-place writes, {donated} over donated inputs"
         except Exception as e:  # one compiler's failure is a row, not the end of the run
             traceback.print_exc()
             results[compiler] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
@@ -101,6 +106,8 @@ def main() -> None:
         print(f"{compiler:9s} step {r['step_ms']:.1f} ms{ratio}, first step {r['first_s']:.1f} s, "
               f"peak {r['peak_gib']:.2f} GiB")  # fmt: skip
         print(f"{'':9s} losses {' '.join(f'{x:.4f}' for x in r['losses'])}")
+        if "in_place" in r:
+            print(f"{'':9s} {r['in_place']}")
 
 
 if __name__ == "__main__":
