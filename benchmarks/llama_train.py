@@ -1,15 +1,16 @@
 """A LLaMA-style training step on the GPU under bf16 autocast: eager, inductor and ember in one process.
 
     python -m benchmarks.llama_train [--steps 10] [--compilers eager,inductor,ember] [--mode reduce-overhead]
-                                     [--layers 4] [--hidden 1024] [--batch 8] [--seq 512] [--quick]
+                                     [--layers 4] [--hidden 1024] [--batch 8] [--seq 512] [--fp32] [--quick]
 
 The model is transformers' LlamaForCausalLM from a config (random weights, nothing downloaded):
 hidden 1024, 4 layers, 16 heads, 4 KV heads, intermediate 2816, vocab 32000, sdpa attention. Each
 compiler trains its own copy from the same initial weights on the same batches with AdamW under
-`torch.autocast("cuda", dtype=torch.bfloat16)`; the compiled step is forward + loss + backward
-(the optimizer step runs eagerly for all). Reported per compiler: the loss at every step (bf16
-noise between compilers is expected, a drift is not), the median step time over the steps after
-the first two, the first step's time (compile included) and the peak memory of the timed steps.
+`torch.autocast("cuda", dtype=torch.bfloat16)` (in float32 throughout with `--fp32`); the compiled
+step is forward + loss + backward (the optimizer step runs eagerly for all). Reported per
+compiler: the loss at every step (bf16 noise between compilers is expected, a drift is not), the
+median step time over the steps after the first two, the first step's time (compile included)
+and the peak memory of the timed steps.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ def build(args: argparse.Namespace) -> torch.nn.Module:
     return LlamaForCausalLM(config).cuda()
 
 
-def train(model: torch.nn.Module, compiler: str, batches: list, mode: str | None) -> dict:
+def train(model: torch.nn.Module, compiler: str, batches: list, mode: str | None, fp32: bool = False) -> dict:
     def loss_of(ids: torch.Tensor) -> torch.Tensor:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=not fp32):
             return model(input_ids=ids, labels=ids).loss
 
     step = loss_of if compiler == "eager" else torch.compile(loss_of, backend=compiler, mode=mode)
@@ -66,6 +67,7 @@ def main() -> None:
     for name, default in (("layers", 4), ("hidden", 1024), ("heads", 16), ("kv-heads", 4), ("intermediate", 2816),
                           ("vocab", 32000), ("batch", 8), ("seq", 512)):  # fmt: skip
         parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--fp32", action="store_true", help="float32 throughout (no bf16 autocast)")
     parser.add_argument("--quick", action="store_true", help="a tiny model (a smoke test)")
     args = parser.parse_args()
     if args.quick:
@@ -81,14 +83,20 @@ def main() -> None:
         torch._dynamo.reset()
         model = copy.deepcopy(base)
         try:
-            results[compiler] = train(model, compiler, batches, args.mode)
+            results[compiler] = train(model, compiler, batches, args.mode, args.fp32)
+            if compiler == "ember":  # what ember wrote in place (Note: in-place kernels, codegen/kernel.py)
+                from ember.metrics import metrics
+
+                written, donated = metrics.inplace_writes, metrics.donated_inputs_overwritten
+                results[compiler]["in_place"] = f"{written} in-place writes, {donated} over donated inputs"
         except Exception as e:  # one compiler's failure is a row, not the end of the run
             traceback.print_exc()
             results[compiler] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
         del model
         torch.cuda.empty_cache()
+    precision = "float32" if args.fp32 else "bf16 autocast"
     print(f"LLaMA-style training step, {args.layers} layers, hidden {args.hidden}, batch {args.batch}x{args.seq}, "
-          f"bf16 autocast, AdamW, mode {args.mode}, {torch.cuda.get_device_name()}")  # fmt: skip
+          f"{precision}, AdamW, mode {args.mode}, {torch.cuda.get_device_name()}")  # fmt: skip
     for compiler, r in results.items():
         if "error" in r:
             print(f"{compiler:9s} ERROR {r['error']}")
@@ -98,6 +106,8 @@ def main() -> None:
         print(f"{compiler:9s} step {r['step_ms']:.1f} ms{ratio}, first step {r['first_s']:.1f} s, "
               f"peak {r['peak_gib']:.2f} GiB")  # fmt: skip
         print(f"{'':9s} losses {' '.join(f'{x:.4f}' for x in r['losses'])}")
+        if "in_place" in r:
+            print(f"{'':9s} {r['in_place']}")
 
 
 if __name__ == "__main__":

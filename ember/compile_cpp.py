@@ -37,7 +37,7 @@ from ember.runtime.cpu import (
     simd_math_functions,
     source_flags,
 )
-from ember.schedule import KernelStep, graph_last_uses
+from ember.schedule import KernelStep, dying_buffers
 from ember.uop.ops import Ops, UOp
 from ember.wrapper.python import KernelBinary
 
@@ -57,8 +57,7 @@ class CppBackend:
         progress: CompileProgress | None = getattr(timings, "progress", None)
         with KernelBuilder(config, progress) as builder:
             with stage("codegen", timings):
-                dying = [{n: graph.buffers[n] for n in names if n not in graph.aliasing_outputs}
-                         for names in graph_last_uses(graph, steps)]  # fmt: skip
+                dying = dying_buffers(graph, steps)
             rendered: dict[int, tuple[RenderedKernel, KernelAST | HorizontalAST]] = {}
             generated: dict[tuple, RenderedKernel] = {}  # Note: kernels generated once
             if progress is not None:

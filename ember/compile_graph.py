@@ -26,6 +26,7 @@ from ember.debug.log import DebugDump, describe_fusion, describe_ir
 from ember.debug.progress import CompileProgress, StageTimes, logger
 from ember.debug.provenance import profiler_labels, step_origins
 from ember.debug.record import GraphRecord, buffer_bytes, is_recording, new_graph_record
+from ember.donation import DONATED_INPUTS
 from ember.errors import EmberError, stage
 from ember.lower import lower_graph
 from ember.metrics import metrics
@@ -61,6 +62,8 @@ def _compile_graph(
     versions = graph_identity(kernel_identity(config.cxx))
     versions += f" threads={torch.get_num_threads()}"  # the oneDNN rewrites depend on it (passes/mkldnn.py)
     versions += " inputs_held" if gm.meta.get(INPUTS_HELD) else ""  # and on this (passes/eager_memory.py)
+    donated = donated_inputs(gm, config)
+    versions += f" donated={','.join(donated)}" if donated else ""  # (Note: donated inputs, donation.py)
     # Note: the graph cache key and the passes. ember's own passes are a function of the graph,
     # the config and ember's source, all in the key: without user hooks the graph is keyed as
     # received, and a hit skips the passes too. A user's hook may do anything, so with hooks
@@ -86,7 +89,8 @@ def _compile_graph(
         debug.write("fx_graph.txt", received)
         if debug.wants("fx_graph_after_passes.txt"):  # printing a large graph takes a tenth of a second
             debug.write("fx_graph_after_passes.txt", gm.print_readable(print_output=False))
-        call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings, original, record)
+        call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings, original, record,
+                                                         donated)  # fmt: skip
         summary.pass_rewrites = dict(rewrites)
         if config.graph_cache and not config.verify and record is None:  # off means neither loaded nor written
             with stage("graph_cache_store", timings):
@@ -119,11 +123,12 @@ def _key_and_cached(gm, example_inputs, config: Config, versions: str, use_cache
 
 def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump, timings: dict,
                     original: torch.fx.GraphModule | None = None,
-                    record: GraphRecord | None = None) -> tuple:  # fmt: skip
+                    record: GraphRecord | None = None, donated: tuple[str, ...] = ()) -> tuple:  # fmt: skip
     """Every stage, in order; returns the loaded wrapper, its source and a summary. The backend
     (Note: backends, backend.py) does what differs between C++ and Triton. `original`: the
     graph before the passes, which `config.verify` checks each call against. `record`: what a
-    report keeps of the graph (Note: report records, debug/record.py), None without a report."""
+    report keeps of the graph (Note: report records, debug/record.py), None without a report.
+    `donated`: the inputs the graph may overwrite and free (Note: donated inputs, donation.py)."""
     device = graph_device(gm, example_inputs)
     backend = backend_for(device, config)
     with stage("lower", timings):
@@ -135,6 +140,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
             unrenderable=caps.unrenderable,
             ordered_reductions=caps.ordered_reductions,
         )
+        graph.donated_inputs = {b.name for b in graph.inputs if b.name in donated}
         backend.prepare(graph, lowering, config)
     if debug.wants("ir.txt"):
         debug.write("ir.txt", describe_ir(graph))
@@ -190,12 +196,24 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         reduce_loops=generated.reduce_loops, fallback_ops=list(lowering.fallback_ops), explanation=explanation,
         tiled_kernels=generated.tiled_kernels, mutated_inputs=mutated_inputs(graph, steps),
         inputs_written_in_place=len(graph.mutated_inputs),
+        inplace_writes=sum(len(b.inplace) for b in generated.binaries.values()),
+        donated_inputs_overwritten=sum(v in graph.donated_inputs for b in generated.binaries.values()
+                                       for v in b.inplace.values()),
         collectives=len(scheduled.overlaps), overlapped_kernels=sum(o.kernels for o in scheduled.overlaps),
         kernel_bytes=sum(kernel_bytes(graph, s) for s in steps if isinstance(s, KernelStep)),
         horizontal_groups=scheduled.horizontal_groups, horizontal_parts=scheduled.horizontal_parts,
     )  # fmt: skip
     call = record.in_profiler_range(call) if record is not None else call
     return _finish(call, path, summary), wrapper.source, wrapper.objects, summary
+
+
+def donated_inputs(gm: torch.fx.GraphModule, config: Config) -> tuple[str, ...]:
+    """The inputs this graph may overwrite (Note: donated inputs, donation.py). None under
+    `config.verify` (which runs the graph eagerly on the same inputs) or CUDA
+    graphs (whose recordings read the inputs where they lie, and write only the ones they know)."""
+    if config.verify or config.cuda_graphs:
+        return ()
+    return tuple(gm.meta.get(DONATED_INPUTS, ()))
 
 
 def _load_cached(gm: torch.fx.GraphModule, key: str, config: Config) -> Callable | None:
@@ -254,6 +272,8 @@ def _record(summary, timings: dict[str, float]) -> None:
         tiled_kernels=summary.tiled_kernels,
         inputs_written_in_place=summary.inputs_written_in_place,
         kernel_bytes=summary.kernel_bytes,
+        inplace_writes=summary.inplace_writes,
+        donated_inputs_overwritten=summary.donated_inputs_overwritten,
         fusions=summary.fusions,
         fusion_refusals=summary.refusals,
         extern_calls=summary.extern_calls,

@@ -36,7 +36,7 @@ from ember.renderer.triton_module import render_triton
 from ember.runtime.cache import content_hash
 from ember.runtime.triton import write_module
 from ember.runtime.triton_pool import compile_pool
-from ember.schedule import KernelStep
+from ember.schedule import KernelStep, dying_buffers
 from ember.uop.ops import UOp
 from ember.wrapper.python import KernelBinary
 
@@ -67,27 +67,31 @@ class TritonBackend:
             limits = replace(self.capabilities.blocks or BlockLimits(), exp_sum_maximum=config.online_softmax,
                              native_bfloat16=not self.interpret)  # fmt: skip
             seed_in_memory = config.cuda_graphs and not self.interpret  # Note: random numbers in CUDA graphs
-            rendered = {i: codegen_triton_kernel(s, limits, config.check_ir, generated, seed_in_memory)
+            dying = dying_buffers(graph, steps)  # a kernel may write over one (Note: in-place kernels)
+            rendered = {i: codegen_triton_kernel(s, limits, config.check_ir, generated, seed_in_memory, dying[i])
                         for i, s in enumerate(steps) if has_work(s)}  # fmt: skip
         metrics.add(kernels_codegen=len(generated))
         with stage("runtime", timings):
             binaries = compile_triton_kernels(rendered, config, self.interpret)
-        for kernel, _ in rendered.values():
+        for kernel, _, _ in rendered.values():
             debug.write(f"kernels/{kernel.name}.{self.source_suffix}", kernel.source)
-        return GeneratedKernels(binaries, len(rendered), sum(kernel.reduce_loops for kernel, _ in rendered.values()))
+        return GeneratedKernels(binaries, len(rendered), sum(kernel.reduce_loops for kernel, _, _ in rendered.values()))
 
 
 def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool = False,
-                          generated: dict[tuple, RenderedKernel] | None = None, seed_in_memory: bool = False
-                          ) -> tuple[RenderedKernel, tuple[str, ...]]:  # fmt: skip
+                          generated: dict[tuple, RenderedKernel] | None = None, seed_in_memory: bool = False,
+                          dying: dict | None = None
+                          ) -> tuple[RenderedKernel, tuple[str, ...], dict[str, str]]:  # fmt: skip
     """One kernel: AST, block rewrite phases, block plan (codegen/blocks.py), render. Names the op
     when it fails. `generated`: the kernels already generated for this graph by AST (Note:
     kernels generated once, compile_cpp.py). `seed_in_memory`: the random seed is read from a
-    one-element device buffer, not taken by value (Note: random numbers in CUDA graphs)."""
+    one-element device buffer, not taken by value (Note: random numbers in CUDA graphs).
+    `dying`: the buffers whose last use is this kernel, which it may write over (Note: in-place
+    kernels, codegen/kernel.py); gives which it does."""
     try:
-        if step.parts:  # Note: horizontal fusion (schedule/horizontal.py)
-            return codegen_triton_horizontal(step, limits, check_ir, generated, seed_in_memory)
-        ast = build_kernel_ast(step.group, step.stored, None, step.alignment, step.bodies)
+        if step.parts:  # Note: horizontal fusion (schedule/horizontal.py); its parts write in place never
+            return (*codegen_triton_horizontal(step, limits, check_ir, generated, seed_in_memory), {})
+        ast = build_kernel_ast(step.group, step.stored, dying, step.alignment, step.bodies)
         scalars = by_value(ast.params, seed_in_memory)
         key = (number_ranges(ast.sink), ast.outputs, scalars)
         kernel = generated.get(key) if generated is not None else None
@@ -99,7 +103,7 @@ def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool 
             kernel.reduce_loops = reduce_loop_count(programs["looped"]) if "looped" in programs else 0
             if generated is not None:
                 generated[key] = kernel
-        return kernel, ast.arguments(kernel.params)
+        return kernel, ast.arguments(kernel.params), ast.inplace
     except Exception as e:
         origins = ", ".join(o for c in step.group for o in c.origins)
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e
@@ -147,12 +151,13 @@ def block_programs(sink: UOp, plan: BlockPlan, check_ir: bool = False) -> dict[s
     return {variant: linearize(block_lowering(sink, plan, variant, check_ir)) for variant in plan.variants}
 
 
-def compile_triton_kernels(rendered: dict[int, tuple[RenderedKernel, tuple[str, ...]]], config: Config,
-                           interpret: bool) -> dict[int, KernelBinary]:  # fmt: skip
+def compile_triton_kernels(rendered: dict[int, tuple[RenderedKernel, tuple[str, ...], dict[str, str]]],
+                           config: Config, interpret: bool) -> dict[int, KernelBinary]:  # fmt: skip
     """Writes each module into the cache; its launch configurations compile when the wrapper loads
-    it, in the compile pool (runtime/triton.py `TritonLauncher.precompile`)."""
+    it, in the compile pool (runtime/triton.py `TritonLauncher.precompile`). A kernel that writes
+    over an input is tuned on a copy of it, as of every buffer it writes (`benchmark`)."""
     binaries = {}
-    for i, (kernel, params) in rendered.items():
+    for i, (kernel, params, inplace) in rendered.items():
         path, sha256, cached = write_module(kernel.source, Path(config.cache_dir), interpret, ember.__version__)
         metrics.add(code_cache_hits=cached, code_cache_misses=not cached)
         errors = tuple((e.error, e.message) for e in kernel.errors)
@@ -164,6 +169,6 @@ def compile_triton_kernels(rendered: dict[int, tuple[RenderedKernel, tuple[str, 
             "autotune": config.autotune,
             "tuned": config.tuning_candidates,
         }
-        binaries[i] = KernelBinary(kernel.name, path, kernel.name, params, errors, triton=launch, sha256=sha256,
-                                   variables=kernel.variables)  # fmt: skip
+        binaries[i] = KernelBinary(kernel.name, path, kernel.name, params, errors, inplace, triton=launch,
+                                   sha256=sha256, variables=kernel.variables)  # fmt: skip
     return binaries

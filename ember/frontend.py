@@ -24,6 +24,7 @@ from ember import config as config_module
 from ember.collector import collection_paused
 from ember.compile_graph import compile_graph
 from ember.compile_symbolic import compile_symbolic, record_fallback
+from ember.donation import mark_donated_inputs
 from ember.errors import EmberError, warn_at_user_code
 from ember.frame_chunks import call_with_frame_room
 from ember.lower.decompositions import corrected_autograd_kernels, decomposition_table
@@ -56,7 +57,7 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
     config = config_module.load(**options)
 
     def compiler(role: str) -> Callable:  # the role names the graph's debug dump
-        return functools.partial(compile_or_fallback, config=config, role=role)
+        return functools.partial(compile_aot_graph, config=config, role=role)
 
     backend = aot_autograd(
         fw_compiler=compiler("forward"),
@@ -84,6 +85,14 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options
     finally:  # AOTAutograd's tracing and partitioning: the time not spent in ember's own stages
         inside = metrics.compile_seconds.total() - ember_seconds
         metrics.tally("compile_seconds", {"aot_autograd": time.perf_counter() - start - inside})
+
+
+def compile_aot_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config, role: str) -> Callable:
+    """The compiler AOTAutograd calls: a backward learns here, while AOTAutograd's tracing context
+    is its own, which of its inputs are donated (Note: donated inputs, donation.py)."""
+    if role == "backward":
+        mark_donated_inputs(gm, example_inputs)
+    return compile_or_fallback(gm, example_inputs, config, role)
 
 
 def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config, role: str = "graph") -> Callable:

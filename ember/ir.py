@@ -221,5 +221,8 @@ class LoweredGraph:
     # extern results that may be views of their arguments (aten's view ops): never written over in
     # place, as the storage is an argument's, maybe a graph input's (codegen/kernel.py choose_inplace)
     aliasing_outputs: set[str] = field(default_factory=set)
+    # inputs the graph owns once called (a backward's donated saved tensors, Note: donated inputs,
+    # donation.py): each dies at its last use, where a kernel may write over it
+    donated_inputs: set[str] = field(default_factory=set)
     # size inputs of a graph with symbolic sizes: argument name -> its SymInt (Note: symbolic sizes)
     size_arguments: dict[str, Any] = field(default_factory=dict)

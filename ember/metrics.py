@@ -42,6 +42,11 @@ class Metrics:
     fallback_calls: int = 0  # aten calls for ops ember has no lowering for
     fallback_ops: Counter = field(default_factory=Counter)
     inputs_written_in_place: int = 0  # graph inputs kernels store into (Note: inputs written in place)
+    # kernel outputs written over a buffer that dies in that kernel, and of those, over a donated input of a
+    # backward (its saved tensor, Note: in-place kernels, codegen/kernel.py; Note: donated inputs, donation.py)
+    inplace_writes: int = 0
+    donated_inputs_overwritten: int = 0
+    inplace_refusals: Counter = field(default_factory=Counter)  # candidates a kernel may not write over, by why
     # functional collectives in compiled graphs, and the ember kernels scheduled between each and its
     # wait, summed (Note: collectives in the graph, schedule/collectives.py)
     collective_calls: int = 0

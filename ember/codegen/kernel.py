@@ -8,9 +8,12 @@ computations in different graphs have identical ASTs, source and cache entries.
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ember.ir import Buffer, ComputedBuffer, IndexedStore, Layout, same_sizes
+from ember.metrics import metrics
 from ember.schedule.group import align, resolve_bodies
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import BufferArg, Ops, RangeKind, ScatterArg, UOp, substitute
@@ -61,39 +64,101 @@ def build_kernel_ast(
 def choose_inplace(sink: UOp, members: dict[str, Buffer], dying: dict[str, Buffer]) -> dict[str, str]:
     """Note: in-place kernels
     A kernel output may take over the storage of an input that dies with this kernel (seed
-    003's decide_inplace_update) when every read of the input is at the very index the
-    output is stored at, and the output's own value makes that read: then each element is
-    read before it is overwritten, by the same iteration, and the load is one hash-consed
-    UOp emitted before the store. No other store of the kernel may read the input (it could run
-    after the overwrite: relu(y) and y * 2 in one kernel). Kernels with reductions (and scans) are left alone: their
-    loop nests may recompute a load after a store. The input's buffer is renamed to the output's, so
-    the kernel sees one `__restrict__` pointer, never two aliasing ones. An aten result that may be
-    a view of its arguments (as_strided of a graph input) is never among the dying inputs: its
-    storage is another tensor's (LoweredGraph.aliasing_outputs)."""
-    if not dying or any(u.op in (Ops.REDUCE, Ops.SCAN) for u in sink.toposort):
+    003's decide_inplace_update; a donated input of a backward at its last use, Note: donated
+    inputs, donation.py) when no element of the input is read after the kernel stored over it:
+      - a read at the very index the output is stored at, made by the output's own value: the
+        same iteration (program) reads the element and then stores it; the load is one
+        hash-consed UOp emitted before the store;
+      - a read inside reductions, in the stored element's row: the read index with its reduce
+        ranges replaced by loop ranges of the store (the row's *element* loops) is the store's
+        index, so the element it reads is stored by an iteration of the same row. Each row is
+        then read whole before any of it is stored, when no reduction varies with an element
+        loop and every loop a reduction varies with is outside them: C++ computes a row's
+        reductions (hoisted out of the element loops, phases.py `_loops_may_move` keeps that
+        order; a reduction split over threads ends at its barrier) before the element loop
+        stores; a Triton program owns whole rows on its x axis and runs every reduction phase
+        (persistent, looped, online softmax's one pass) before the store phase (Note: blocks
+        for a kernel AST, codegen/blocks.py). Nested reductions, whose rows a program walks in
+        sequential pieces, and scans are refused.
+    No other store of the kernel may read the input (it could run after the overwrite: relu(y)
+    and y * 2 in one kernel). The input's buffer is renamed to the output's, so the kernel sees
+    one `__restrict__` pointer, never two aliasing ones. An aten result that may be a view of
+    its arguments (as_strided of a graph input) is never among the dying inputs: its storage is
+    another tensor's (LoweredGraph.aliasing_outputs). Each refusal of a candidate is counted by
+    its reason (`ember.metrics.inplace_refusals`)."""
+    if not dying or any(u.op is Ops.SCAN for u in sink.toposort):
         return {}
-    reads: dict[str, set[object]] = {}
+    reads: dict[str, list[UOp]] = {}
     for u in sink.toposort:
         if u.op is Ops.INDEX and u.src[0].op is Ops.BUFFER and u.src[0].arg.name in dying:
-            reads.setdefault(u.src[0].arg.name, set()).add(element_form(u.src[1]))
+            reads.setdefault(u.src[0].arg.name, []).append(u.src[1])
     chosen: dict[str, str] = {}
     stores = [s for s in sink.src if s.op is Ops.STORE]
     read_by = [{u.src[0].arg.name for u in s.src[1].toposort if u.op is Ops.INDEX and u.src[0].op is Ops.BUFFER}
                for s in stores]  # fmt: skip
+    reduces = [u for u in sink.toposort if u.op is Ops.REDUCE]
+    refusals: Counter = Counter()
     for i, store in enumerate(stores):
-        target, value = store.src
+        target = store.src[0]
         out = members[target.src[0].arg.name]
+        if isinstance(store.arg, ScatterArg):  # (stores at computed positions: never in place)
+            continue
         # another store's value reading the input would read it after this store overwrote it
         read_elsewhere = set().union(*(r for j, r in enumerate(read_by) if j != i))
         for name, indexes in reads.items():
-            if name in chosen.values() or name not in read_by[i] or name in read_elsewhere:
+            if name in chosen.values() or name not in read_by[i] or not _can_overwrite(dying[name], out):
                 continue
-            if not _can_overwrite(dying[name], out):
-                continue
-            if indexes == {element_form(target.src[1])}:
+            why = "another store reads it" if name in read_elsewhere else None
+            why = why or _unsafe_reads(indexes, target.src[1], reduces)
+            if why is None:
                 chosen[out.name] = name
                 break
+            refusals[why] += 1
+    if refusals:
+        metrics.tally("inplace_refusals", refusals)
     return chosen
+
+
+def _unsafe_reads(indexes: list[UOp], stored: UOp, reduces: list[UOp]) -> str | None:
+    """Why reads of a buffer at `indexes` may see an element after a store at `stored` wrote it
+    over (Note: in-place kernels), or None."""
+    target = element_form(stored)
+    elements: set[UOp] = set()  # the store's loops a row read moves along
+    for index in indexes:
+        if element_form(index) == target:
+            continue
+        moved = _row_element_loops(index, stored, target)
+        if moved is None:
+            return "reads other elements than it stores"
+        elements |= moved
+    if not elements:
+        return None
+    if any(r.arg.reduce for red in reduces for r in red.ranges):
+        return "a nested reduction reads its rows"
+    if any(elements & red.ranges for red in reduces):
+        return "a reduction varies with the row's element loops"
+    row_loops = frozenset().union(*(red.ranges for red in reduces))
+    if any(r.arg.nesting >= e.arg.nesting for r in row_loops for e in elements):
+        return "a row loop runs inside an element loop"
+    return None
+
+
+def _row_element_loops(index: UOp, stored: UOp, target: object) -> set[UOp] | None:
+    """The loop ranges of `stored` that `index`'s reduce ranges stand for, when replacing them
+    (one for one, of equal extents) gives the stored element; None when no replacement does."""
+    reduced = sorted((r for r in index.ranges if r.arg.reduce), key=lambda r: r.arg.nesting)
+    loops = sorted((r for r in stored.ranges if not r.arg.reduce), key=lambda r: r.arg.nesting)
+    if not reduced or len(reduced) > MAX_ROW_DIMS:
+        return None
+    for chosen in itertools.permutations(loops, len(reduced)):
+        if any(r.src[0] is not c.src[0] for r, c in zip(reduced, chosen)):
+            continue
+        if element_form(substitute(index, dict(zip(reduced, chosen)))) == target:
+            return set(chosen)
+    return None
+
+
+MAX_ROW_DIMS = 3  # reduce ranges of one row read matched against the store's loops (their permutations)
 
 
 def _can_overwrite(victim: Buffer, out: Buffer) -> bool:
@@ -101,6 +166,8 @@ def _can_overwrite(victim: Buffer, out: Buffer) -> bool:
         return False
     if victim.kind == "computed":  # allocated by the wrapper: its storage is exactly its layout's
         return same_sizes((victim.layout.storage_size,), (out.layout.storage_size,))
+    if victim.kind == "input":  # donated (Note: donated inputs): the output's very layout, every element once
+        return victim.layout == out.layout and _is_dense(victim.layout)
     # an aten result may be a view into a larger storage: only the very same elements, which
     # a dense layout of as many elements from its first one are (the wrapper's as_strided
     # counts from the result's first element)

@@ -39,6 +39,8 @@ class GraphSummary:
     kernel_bytes: int = 0  # bytes the kernels read and write (ember.metrics.kernel_bytes)
     horizontal_groups: int = 0  # horizontal kernels (Note: horizontal fusion, schedule/horizontal.py)
     horizontal_parts: int = 0  # the kernels they launch together
+    inplace_writes: int = 0  # kernel outputs over dying buffers (Note: in-place kernels, codegen/kernel.py)
+    donated_inputs_overwritten: int = 0  # of those, over donated inputs (Note: donated inputs, donation.py)
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], config_key: str, identity: str) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from torch.utils._pytree import tree_flatten
 
-from ember.ir import BufferRef, ComputedBuffer, ExternCall, IndexedStore, LoweredGraph
+from ember.ir import Buffer, BufferRef, ComputedBuffer, ExternCall, IndexedStore, LoweredGraph
 from ember.schedule.collectives import Overlap, collective_overlaps, place_collectives
 from ember.schedule.fusion import FusionState, Group, WhyNoFuse, fuse
 from ember.schedule.horizontal import HorizontalPlan, group_horizontally
@@ -129,6 +129,21 @@ def graph_last_uses(graph: LoweredGraph, steps: list[Step]) -> list[list[str]]:
     """`last_uses` of the wrapper's buffers: inputs, constants and outputs are never freed."""
     outputs = {o.ref.name for o in graph.outputs if o.ref is not None}
     return last_uses(steps, keep=outputs | {b.name for b in graph.inputs} | set(graph.constants))
+
+
+def dying_buffers(graph: LoweredGraph, steps: list[Step]) -> list[dict[str, Buffer]]:
+    """For each step, the buffers that die with it and that a kernel of it may write over (Note:
+    in-place kernels, codegen/kernel.py): the wrapper's buffers at their last use, and donated
+    inputs at theirs (Note: donated inputs, donation.py). Never one that an aten view op's result
+    may share storage with: an aliasing result, or a buffer such an op reads (its view lives on)."""
+    outputs = {o.ref.name for o in graph.outputs if o.ref is not None}
+    viewed = {name for step in steps if isinstance(step, ExternCall)
+              and any(b.name in graph.aliasing_outputs for b in step.outputs) for name in reads_of(step)}  # fmt: skip
+    mutated = {name for step in steps if isinstance(step, ExternCall) for name in mutated_buffers(step)}
+    owned = graph.donated_inputs - outputs - viewed - mutated - set(graph.mutated_inputs)
+    kept = outputs | {b.name for b in graph.inputs if b.name not in owned} | set(graph.constants)
+    never = graph.aliasing_outputs | viewed
+    return [{n: graph.buffers[n] for n in names if n not in never} for names in last_uses(steps, keep=kept)]
 
 
 def last_uses(steps: list[Step], keep: set[str]) -> list[list[str]]:

@@ -15,7 +15,9 @@ Note: the peak with dying inputs
     a later reuse raised the step's peak above eager's. So a hold must fit under the peak of
     two timelines: the wrapper's buffers alone (inputs held by the caller, as in a forward),
     and those plus the inputs, each dropped at its `Del`. Declining a reuse never raises a peak:
-    the old buffer is freed where it dies and the new one allocated where it is needed.
+    the old buffer is freed where it dies and the new one allocated where it is needed. A kernel
+    writing over a donated input (Note: donated inputs, donation.py) makes the input's bytes the
+    wrapper's from its Reuse line on, in both timelines.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def live_bytes(lines: list, inputs_die: bool = False) -> list[int]:
             live += sum(nbytes(b) for b in _extern_outputs(line))
         elif isinstance(line, L.FreeIfNotReused):
             live -= nbytes(line.buffer)
+        elif isinstance(line, L.Reuse) and line.old.kind == "input":  # a kernel's output over a donated input:
+            live += nbytes(line.new) - inputs.pop(line.old.name, 0)  # its bytes are the wrapper's from here
         timeline.append(live)
     return timeline
 

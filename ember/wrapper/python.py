@@ -121,6 +121,7 @@ def generate_wrapper(
                         cuda = device.type == "cuda"
                         body.append(L.Allocate(computed.buffer, large, large and huge_pages, pooled, cuda))
             freed[i] = [name for name in freed[i] if name not in inplace.values()]
+            dropped[i] = [name for name in dropped[i] if name not in inplace.values()]  # (the Reuse drops it)
             if i in kernels and kernels[i].triton is not None:
                 slot = len(gpu_errors) if kernels[i].errors else None
                 gpu_errors += [list(kernels[i].errors)] if kernels[i].errors else []
@@ -180,8 +181,10 @@ def input_last_uses(graph: LoweredGraph, steps: list[Step]) -> list[list[str]]:
         backward gets the forward's saved activations as inputs (AOTAutograd clears its own
         references before the call), and eager's autograd frees each one once the node that
         needs it has run; holding them all to the end of the backward held every activation
-        together with the gradients. Dropping the name is all: an input is never a Reuse
-        target (its storage may be the caller's), and one the caller still holds lives on."""
+        together with the gradients. Dropping the name is all: an input is never a target of
+        the planner's reuse (its storage may be the caller's), and one the caller still holds
+        lives on. Only a kernel writes over one, a donated input at its last use (Note: donated
+        inputs, donation.py), and its Reuse line drops the name instead."""
     outputs = {o.ref.name for o in graph.outputs if o.ref is not None}
     inputs = {b.name for b in graph.inputs}
     not_inputs = {name for step in steps for name in (*reads_of(step), *writes_of(step))} - inputs
