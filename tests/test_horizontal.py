@@ -19,6 +19,8 @@ BACKENDS = ["cpp", pytest.param("triton", marks=needs_triton)]
 def backend(request, monkeypatch) -> str:
     if request.param == "triton":
         use_triton(monkeypatch)
+    else:  # C++ kernels: CPU tensors, on a GPU machine too
+        monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")
     return request.param
 
 
@@ -93,6 +95,7 @@ def test_optimizer_step_is_a_few_kernels(backend, optimizer):
 
 def test_optimizer_kernels_from_many_to_one(monkeypatch):
     """With horizontal fusion off, one kernel per parameter; on, one kernel (C++)."""
+    monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")
     torch.manual_seed(0)
     module = torch.nn.Sequential(*[torch.nn.Linear(8 + i, 9 + i) for i in range(5)])
     counts = {}
