@@ -276,6 +276,16 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
     if errors:  # Note: kernel errors
         signature += ", int64_t* ember_error"
     body = render_body(program, parallel_threshold, errors, choices)
+    declarations = kernel_declarations(program, body, simd_math)
+    source = f'{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n{body}}}\n'
+    source = file_pragmas(choices) + source
+    tiled = any(is_tile_loop(u) for u in program)
+    return RenderedKernel(name, source, params, errors, tiled=tiled, variables=variables)
+
+
+def kernel_declarations(program: list[UOp], body: str, simd_math: tuple[tuple[str, int], ...]) -> str:
+    """What a kernel's `body` needs declared before it: reduction combiners, Philox, float16
+    conversions, vector math, and the host's SIMD libm functions it calls (through helpers too)."""
     declarations = reduction_declarations(program)
     if any(u.op is Ops.PHILOX for u in program):
         declarations += PHILOX
@@ -283,11 +293,7 @@ def render(name: str, program: list[UOp], written: frozenset[str], parallel_thre
         declarations = LOW_PRECISION_PRELUDE + declarations
     declarations += vector_math_prelude(program)
     code = declarations + body  # every call the kernel makes, through helpers too
-    declarations = simd_declarations(simd_math, code) + cos_alias_declarations(body, simd_math) + declarations
-    source = f'{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n{body}}}\n'
-    source = file_pragmas(choices) + source
-    tiled = any(is_tile_loop(u) for u in program)
-    return RenderedKernel(name, source, params, errors, tiled=tiled, variables=variables)
+    return simd_declarations(simd_math, code) + cos_alias_declarations(body, simd_math) + declarations
 
 
 LIBM_TYPES = (("float", "f"), ("double", ""))  # (C type, libm suffix)

@@ -21,18 +21,8 @@ import sys
 
 from ember.codegen.tiling import is_tile_loop
 from ember.renderer.common import RenderedKernel, kernel_errors
-from ember.renderer.cpp import (
-    LOW_PRECISION_PRELUDE,
-    PHILOX,
-    PRELUDE,
-    cos_alias_declarations,
-    loop_pragma,
-    reduction_declarations,
-    render_body,
-    simd_declarations,
-)
-from ember.renderer.vector_math import vector_math_prelude
-from ember.uop.dtypes import DType, dtypes
+from ember.renderer.cpp import PRELUDE, kernel_declarations, loop_pragma, render_body
+from ember.uop.dtypes import DType
 from ember.uop.ops import Ops, ScatterArg, UOp
 
 Part = tuple[list[UOp], dict[str, str]]  # a part's program, and its parameters' names in the kernel
@@ -48,14 +38,7 @@ def render_horizontal(name: str, parts: list[Part], params: list[tuple[str, DTyp
         signature += ", int64_t* ember_error"
     blocks = [_part_block(program, rename, parallel_threshold, errors) for program, rename in parts]
     body = "#pragma omp parallel\n  {\n" + "".join(blocks) + "  }\n"
-    declarations = reduction_declarations(every)
-    if any(u.op is Ops.PHILOX for u in every):
-        declarations += PHILOX
-    if any(u.dtype is dtypes.float16 for u in every):
-        declarations = LOW_PRECISION_PRELUDE + declarations
-    declarations += vector_math_prelude(every)
-    code = declarations + body
-    declarations = simd_declarations(simd_math, code) + cos_alias_declarations(body, simd_math) + declarations
+    declarations = kernel_declarations(every, body, simd_math)
     source = f'{PRELUDE}{declarations}\nextern "C" void {name}({signature}) {{\n  {body}}}\n'
     return RenderedKernel(name, source, params, errors, tiled=any(is_tile_loop(u) for u in every))
 
