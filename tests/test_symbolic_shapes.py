@@ -229,6 +229,23 @@ def test_views_of_symbolic_sizes():
     assert_compiled_once()
 
 
+def test_a_symbolic_view_an_extern_reads_is_not_copied():
+    """Attention's heads made contiguous and viewed as (batch * heads, seq, dim) for bmm: the view
+    is the kernel's buffer read in eager's strides (lower/views.py symbolic_view), not a copy."""
+
+    def f(x, w):
+        b, s, _ = x.shape
+        q = (x @ w).view(b, s, 4, 8).permute(0, 2, 1, 3).contiguous() * 2
+        q = q.view(b * 4, s, 8)
+        return torch.bmm(q, q.transpose(1, 2)).softmax(-1)
+
+    w = torch.randn(32, 32)
+    ember.metrics.reset()
+    check_shapes(f, lambda b, s: [torch.randn(b, s, 32), w], [(2, 3), (3, 7), (4, 5)])
+    assert_compiled_once()
+    assert ember.metrics.kernels_generated == 2  # the heads' copy and the softmax
+
+
 def test_padding_to_a_multiple_compiles_once():
     """A length padded up to a multiple of 8 (s - s % 8 + 8, as sdpa pads an attention mask on the
     GPU): the pad's emptiness check asks no guard of the padded size (lower/values.py known_zero)."""

@@ -5,11 +5,13 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from ember.ir import Layout, same_sizes
 from ember.lower.context import LoweringContext
 from ember.lower.pointwise import out_meta
 from ember.lower.registry import Unsupported, register
 from ember.lower.values import (
     TensorValue,
+    as_strided_read,
     axis,
     broadcast_to,
     const_index,
@@ -34,7 +36,29 @@ def _dim(d: int, ndim: int) -> int:
 
 @register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def lower_view(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, shape) -> TensorValue:
-    return reshape(x, tuple(out_meta(node).shape))
+    return symbolic_view(ctx, node, x) or reshape(x, tuple(out_meta(node).shape))
+
+
+def symbolic_view(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue) -> TensorValue | None:
+    """A view with symbolic sizes (Note: symbolic sizes) of a plain strided read of a buffer laid
+    out as eager lays out the viewed tensor: a read of that buffer in eager's layout of the view.
+    `reshape` recovers each old axis from the flat index by divisions by symbolic sizes, which
+    the simplifier cannot fold back into strides; a matmul or attention extern reading the view
+    (a (batch, heads, seq, dim) tensor as (batch * heads, seq, dim)) would copy it first."""
+    out, base = out_meta(node), node.args[0].meta.get("val")
+    if not isinstance(base, torch.Tensor) or all(type(s) is int for s in tuple(out.shape) + tuple(base.shape)):
+        return None  # (static sizes: reshape's index math folds)
+    read = as_strided_read(x)
+    if read is None:
+        return None
+    name, layout = read
+    # a size-1 dim's stride is arbitrary; a symbolic size is never 1 (dynamo specializes 0 and 1)
+    moving = [i for i, n in enumerate(base.shape) if not (type(n) is int and n == 1)]
+    if not same_sizes(tuple(layout.stride[i] for i in moving), tuple(base.stride()[i] for i in moving)):
+        return None
+    if not same_sizes((out.storage_offset(),), (base.storage_offset(),)):
+        return None
+    return load(ctx.buffers[name], Layout(tuple(out.shape), tuple(out.stride()), layout.offset))
 
 
 @register(aten.permute.default)
@@ -107,8 +131,6 @@ def lower_as_strided(ctx: LoweringContext, node, x: TensorValue, size, stride, s
     if strides_differ or ref.layout.offset != 0:
         raise Unsupported("as_strided of a value whose storage differs from eager's")
     offset = (storage_offset if storage_offset is not None else base_meta.storage_offset()) - base_meta.storage_offset()
-    from ember.ir import Layout
-
     return load(ctx.buffers[ref.name], Layout(tuple(size), tuple(stride), offset))
 
 
