@@ -194,7 +194,8 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         kernels=generated.kernels, fusions=scheduled.fusions, refusals=len(scheduled.refusals),
         extern_calls=sum(1 for s in steps if not isinstance(s, KernelStep)),
         reduce_loops=generated.reduce_loops, fallback_ops=list(lowering.fallback_ops), explanation=explanation,
-        tiled_kernels=generated.tiled_kernels, row_kernels=generated.row_kernels, mutated_inputs=mutated_inputs(graph, steps),
+        tiled_kernels=generated.tiled_kernels, row_kernels=generated.row_kernels,
+        mutated_inputs=mutated_inputs(graph, steps),
         inputs_written_in_place=len(graph.mutated_inputs),
         inplace_writes=sum(len(b.inplace) for b in generated.binaries.values()),
         donated_inputs_overwritten=sum(v in graph.donated_inputs for b in generated.binaries.values()

@@ -10,7 +10,8 @@ UOps; the launcher (runtime/triton.py) times block sizes within it.
 Note: blocks for a kernel AST
     The loop ranges a REDUCE varies with are the *outer* ranges; flattened, they index the
     x axis: program `pid` owns x positions pid*XBLOCK + arange(XBLOCK). A kernel with no
-    REDUCE is all outer ranges (pointwise: blocks of shape [XBLOCK]). Otherwise blocks are
+    REDUCE is all outer ranges (pointwise: blocks of shape [XBLOCK]), or its innermost range is
+    the final phase described next (Note: pointwise kernels in rows). Otherwise blocks are
     [XBLOCK, RBLOCK]: each REDUCE is one *phase* over its own reduce ranges, flattened onto
     the r axis and reduced to [XBLOCK, 1]; then the stores that vary with the remaining
     loop ranges (the *inner* ranges: softmax's normalizing pass over the row) are one more
