@@ -3,6 +3,8 @@ the outer loops on x, the innermost on r, under Triton's interpreter with the th
 small shapes take the plan (persistent rows up to 64 columns there, looped past that), against
 float64 eager; ember.metrics.row_kernels counts the kernels so planned."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -85,3 +87,28 @@ def test_cross_entropy_gradient_in_rows(shape):
     F.cross_entropy(exact, t).backward()
     torch.testing.assert_close(x.grad.cpu().double(), exact.grad, rtol=1e-5, atol=1e-6)
     assert ember.metrics.kernels_generated == 1 and ember.metrics.row_kernels == 1
+
+
+def test_causal_lm_training_step_in_rows():
+    """A LLaMA-style causal LM's loss (shifted labels, ignore_index) through training: the logits'
+    gradient is planned in rows, and every parameter's gradient matches float64 eager."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=100, max_position_embeddings=64)  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).train()
+    reference = copy.deepcopy(model).double()
+    ids = torch.randint(0, 100, (2, 12))
+    labels = ids.clone()
+    labels[0, 3] = -100
+    device = test_device()
+    loss = torch.compile(model.to(device), backend="ember")(ids.to(device), labels=labels.to(device)).loss
+    loss.backward()
+    want = reference(ids, labels=labels).loss
+    want.backward()
+    torch.testing.assert_close(loss.detach().cpu().double(), want.detach().double(), rtol=1e-5, atol=1e-5)
+    for (name, got), expected in zip(model.named_parameters(), reference.parameters()):
+        scale = expected.grad.abs().max().item()
+        torch.testing.assert_close(got.grad.cpu().double(), expected.grad, rtol=1e-4, atol=1e-5 * scale,
+                                   msg=lambda m, n=name: f"{n}: {m}")  # fmt: skip
+    assert ember.metrics.row_kernels >= 1 and ember.metrics.graphs_failed == 0
