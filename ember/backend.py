@@ -45,6 +45,7 @@ class GeneratedKernels:
     kernels: int = 0
     reduce_loops: int = 0  # reduce loops the programs open (ember.metrics.reduce_loops)
     tiled_kernels: int = 0  # kernels with 2-D tiles (C++; ember.metrics.tiled_kernels)
+    row_kernels: int = 0  # pointwise kernels planned in rows (Triton; ember.metrics.row_kernels)
 
 
 class Backend(Protocol):

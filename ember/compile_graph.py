@@ -207,7 +207,8 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         kernels=generated.kernels, fusions=scheduled.fusions, refusals=len(scheduled.refusals),
         extern_calls=sum(1 for s in steps if not isinstance(s, KernelStep)),
         reduce_loops=generated.reduce_loops, fallback_ops=list(lowering.fallback_ops), explanation=explanation,
-        tiled_kernels=generated.tiled_kernels, mutated_inputs=mutated_inputs(graph, steps),
+        tiled_kernels=generated.tiled_kernels, row_kernels=generated.row_kernels,
+        mutated_inputs=mutated_inputs(graph, steps),
         inputs_written_in_place=len(graph.mutated_inputs),
         inplace_writes=sum(len(b.inplace) for b in generated.binaries.values()),
         donated_inputs_overwritten=sum(v in graph.donated_inputs for b in generated.binaries.values()
@@ -283,6 +284,7 @@ def _record(summary, timings: dict[str, float]) -> None:
         graphs_compiled=1,
         kernels_generated=summary.kernels,
         tiled_kernels=summary.tiled_kernels,
+        row_kernels=summary.row_kernels,
         inputs_written_in_place=summary.inputs_written_in_place,
         kernel_bytes=summary.kernel_bytes,
         inplace_writes=summary.inplace_writes,

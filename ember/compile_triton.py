@@ -65,7 +65,7 @@ class TritonBackend:
         generated: dict[tuple, RenderedKernel] = {}  # Note: kernels generated once (compile_cpp.py)
         with stage("codegen", timings):
             limits = replace(self.capabilities.blocks or BlockLimits(), exp_sum_maximum=config.online_softmax,
-                             native_bfloat16=not self.interpret)  # fmt: skip
+                             native_bfloat16=not self.interpret, pointwise_rows=config.pointwise_rows)  # fmt: skip
             seed_in_memory = config.cuda_graphs and not self.interpret  # Note: random numbers in CUDA graphs
             dying = dying_buffers(graph, steps)  # a kernel may write over one (Note: in-place kernels)
             rendered = {i: codegen_triton_kernel(s, limits, config.check_ir, generated, seed_in_memory, dying[i])
@@ -75,7 +75,9 @@ class TritonBackend:
             binaries = compile_triton_kernels(rendered, config, self.interpret)
         for kernel, _, _ in rendered.values():
             debug.write(f"kernels/{kernel.name}.{self.source_suffix}", kernel.source)
-        return GeneratedKernels(binaries, len(rendered), sum(kernel.reduce_loops for kernel, _, _ in rendered.values()))
+        kernels = [kernel for kernel, _, _ in rendered.values()]
+        return GeneratedKernels(binaries, len(rendered), sum(k.reduce_loops for k in kernels),
+                                row_kernels=sum(k.in_rows for k in kernels))  # fmt: skip
 
 
 def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool = False,
@@ -101,6 +103,7 @@ def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool 
             programs = block_programs(sink, plan, check_ir)
             kernel = render_triton(f"triton_{sink.key[:16]}", programs, plan, ast.outputs, scalars)
             kernel.reduce_loops = reduce_loop_count(programs["looped"]) if "looped" in programs else 0
+            kernel.in_rows = plan.in_rows
             if generated is not None:
                 generated[key] = kernel
         return kernel, ast.arguments(kernel.params), ast.inplace
@@ -130,7 +133,7 @@ def codegen_triton_horizontal(step: KernelStep, limits: BlockLimits, check_ir: b
         key = ("horizontal part", number_ranges(part.sink), part.outputs, mine)
         if key not in generated:
             sink = block_rewrite(key[1], check_ir, limits.native_bfloat16)
-            plan = plan_blocks(sink, limits)
+            plan = plan_blocks(sink, limits, rows=False)
             if plan.variants != ("pointwise",) or not isinstance(plan.shape.xnumel, int):
                 raise ValueError(f"a part of a horizontal kernel is not pointwise over static sizes: {plan.variants}")
             generated[key] = (sink.key, block_programs(sink, plan, check_ir)["pointwise"], plan)  # type: ignore[assignment]

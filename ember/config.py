@@ -88,6 +88,11 @@ class Config:
                                 "row's running max (row) or each lane's (lane), so the row is read once; off: two "
                                 "passes (Note: a row's exponential sum in one pass)",
                                 choices=("row", "lane", "off"))  # fmt: skip
+    pointwise_rows: int = _flag(1024, "EMBER_POINTWISE_ROWS", True,
+                                "Triton: a pointwise kernel whose innermost loop (not a power of two) and rows are "
+                                "both at least this long, reading a value per row or per column, walks rows of "
+                                "columns instead of its flattened elements (Note: pointwise kernels in rows); "
+                                "0: never", minimum=0)  # fmt: skip
     # FX graph passes (ember/passes); with user hooks the graph cache is keyed by the graph after them
     passes: bool = _flag(True, "EMBER_PASSES", True, "run ember's FX graph passes (DCE, no-ops, conv rewrites)")
     conv_channels_last: bool = _flag(True, "EMBER_CONV_CHANNELS_LAST", True,

@@ -26,6 +26,8 @@ class Metrics:
     kernels_generated: int = 0
     kernels_codegen: int = 0  # of those, the distinct ASTs that went through the rewrite phases and the renderer
     tiled_kernels: int = 0  # C++ kernels whose loops are 2-D tiles for transposed access (codegen/tiling.py)
+    # Triton pointwise kernels walking rows of columns (Note: pointwise kernels in rows, codegen/blocks.py)
+    row_kernels: int = 0
     fusions: int = 0  # pairs of groups merged by the scheduler
     fusion_refusals: int = 0
     # horizontal kernels, and the launches they save: parts launched together less one each

@@ -146,6 +146,25 @@ def test_split_extremes_and_first_index_ties(values):
     assert ember.metrics.fallback_calls == 0
 
 
+@pytest.mark.parametrize("shape, dim", [((4001,), None), ((3, 1500), 1), ((1500, 2), 0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+def test_split_arg_extremes_read_their_input_once(shape, dim, dtype):
+    """Note: an arg-extreme split in one pass. One kernel reads each chunk once for its extreme and
+    the first position hitting it (NaN first), one combines them: not a kernel for the max and a
+    second read of the input for its first hit. Ties between chunks go to the first chunk."""
+    torch.manual_seed(0)
+    x = torch.randint(0, 5, shape).to(dtype)  # many ties, in every chunk
+    if dtype.is_floating_point:
+        x.view(-1)[[900, 2100 % x.numel()]] = math.nan
+    _split(256)
+    for fn in (lambda x: x.argmax(dim), lambda x: x.argmin(dim)):
+        ember.metrics.reset()
+        check(fn, x)
+        assert ember.metrics.kernels_generated == 2
+        outputs = (math.prod(shape) // shape[dim] if dim is not None else 1) * 8
+        assert ember.metrics.kernel_bytes < x.nbytes + x.nbytes // 2 + outputs  # the input once, partials small
+
+
 def test_integer_sums_wrap_like_eager():
     torch.manual_seed(0)
     _split(128)

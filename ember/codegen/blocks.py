@@ -10,7 +10,8 @@ UOps; the launcher (runtime/triton.py) times block sizes within it.
 Note: blocks for a kernel AST
     The loop ranges a REDUCE varies with are the *outer* ranges; flattened, they index the
     x axis: program `pid` owns x positions pid*XBLOCK + arange(XBLOCK). A kernel with no
-    REDUCE is all outer ranges (pointwise: blocks of shape [XBLOCK]). Otherwise blocks are
+    REDUCE is all outer ranges (pointwise: blocks of shape [XBLOCK]), or its innermost range is
+    the final phase described next (Note: pointwise kernels in rows). Otherwise blocks are
     [XBLOCK, RBLOCK]: each REDUCE is one *phase* over its own reduce ranges, flattened onto
     the r axis and reduced to [XBLOCK, 1]; then the stores that vary with the remaining
     loop ranges (the *inner* ranges: softmax's normalizing pass over the row) are one more
@@ -62,7 +63,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import Ops, UOp
@@ -81,6 +82,9 @@ class BlockLimits:
     # float32 <-> bfloat16 converted by the target itself (a GPU), not through the bits (the
     # interpreter, whose conversion truncates): Note: semantics written once, codegen/primitives.py
     native_bfloat16: bool = False
+    # a pointwise kernel whose innermost loop and rows are both at least this long is planned in rows
+    # (Note: pointwise kernels in rows; config.pointwise_rows); 0: never
+    pointwise_rows: int = 1024
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,8 @@ class KernelShape:
 
     @property
     def pointwise(self) -> bool:
-        return not self.reduces and not self.scans
+        """Blocks of shape [XBLOCK]: no reduction, no scan, and not planned in rows."""
+        return not self.reduces and not self.scans and not self.inner
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,11 @@ class BlockPlan:
     size_cap: int = 0  # 32-bit index math only while every size variable is at most this (Note: symbolic blocks)
     exp_sum_maximum: str = "row"  # BlockLimits.exp_sum_maximum
     persistent_row: int = 0  # the longest row the persistent variant may take, where the row is symbolic
+
+    @property
+    def in_rows(self) -> bool:
+        """A pointwise kernel planned in rows (Note: pointwise kernels in rows)."""
+        return not self.shape.reduces and not self.shape.scans and bool(self.shape.inner)
 
     @property
     def launch(self) -> dict:
@@ -139,9 +149,13 @@ class BlockPlan:
         return facts
 
 
-def plan_blocks(sink: UOp, limits: BlockLimits) -> BlockPlan:
+def plan_blocks(sink: UOp, limits: BlockLimits, rows: bool = True) -> BlockPlan:
+    """`rows`: a pointwise kernel may be planned in rows (not a horizontal kernel's part)."""
     scan = any(u.op is Ops.SCAN for u in sink.toposort)
     shape = scan_kernel_shape(sink) if scan else kernel_shape(sink)
+    if rows and shape.pointwise and in_rows(sink, shape, limits.pointwise_rows):
+        shape = replace(shape, outer=shape.outer[:-1], inner=shape.outer[-1:], xnumel=elements(shape.outer[:-1]),
+                        rnumel=elements(shape.outer[-1:]))  # fmt: skip
     if shape.pointwise:
         variants: tuple[str, ...] = ("pointwise",)
     else:  # a symbolic row: persistent for the calls whose row fits a block (Note: symbolic blocks)
@@ -169,6 +183,32 @@ def kernel_shape(sink: UOp) -> KernelShape:
     chunked = frozenset(red for red in sequential if not red.ranges)
     return KernelShape(outer, inner, reduces, elements(outer), largest(extents or [1]), sequential=sequential,
                        chunked=chunked)  # fmt: skip
+
+
+# Note: pointwise kernels in rows
+#   A pointwise kernel's x axis is its loops flattened, and each loop's value is decomposed from the
+#   flat position ((x // stride) % size). A read that varies with some loops only needs that
+#   decomposition per element: cross-entropy's gradient over (8192, 32000) bfloat16 logits divides
+#   every position by 32000 to find its row, and loads the row's logsumexp, scale and target per
+#   element (0.271 ms on an H100, inductor's 0.211). When the innermost loop is long (at least
+#   `BlockLimits.pointwise_rows`, 1024), not a power of two (a shift and a mask cost nothing), its
+#   rows are as many (enough programs to fill a GPU), and some read is such a broadcast (a per-row
+#   or per-column value), the kernel is planned in rows: the outer loops on x, the innermost on r
+#   as the final phase of a reduction kernel with no reduction (Note: blocks for a kernel AST), so a
+#   row's values are computed once per program and a column's position is the r position itself.
+#   Persistent (a row in one block, rows up to `persistent_row`) and looped (RBLOCK columns at a
+#   time) variants, timed by the launcher. Symbolic sizes keep the flat plan.
+def in_rows(sink: UOp, shape: KernelShape, least: int) -> bool:
+    """Note: pointwise kernels in rows."""
+    if least <= 0 or len(shape.outer) < 2:
+        return False
+    columns, rows = elements(shape.outer[-1:]), elements(shape.outer[:-1])
+    if not isinstance(columns, int) or not isinstance(rows, int) or columns < least or rows < least:
+        return False
+    if columns & (columns - 1) == 0:
+        return False
+    loops = frozenset(shape.outer)
+    return any(u.op is Ops.LOAD and u.src[0].src[1].ranges and u.src[0].src[1].ranges != loops for u in sink.toposort)
 
 
 def scan_kernel_shape(sink: UOp) -> KernelShape:

@@ -14,6 +14,7 @@ import torch
 import torch.fx
 
 from ember.lower.context import LoweringContext
+from ember.lower.one_hot_sums import pm_one_hot_sums
 from ember.lower.pointwise import out_meta
 from ember.lower.registry import Unsupported, register
 from ember.lower.values import TensorValue, axis, const_index
@@ -56,10 +57,14 @@ def reduce(ctx: LoweringContext, x: TensorValue, dims: list[int], keepdim: bool,
             out_axis += 1
     element = x.reindex(tuple(out_shape), old_axes).body
     body = value(element, old_axes) if value is not None else element.cast(acc)
-    if ranges and _splits_into_parts(ctx, body, ranges, combine, out_shape):
-        body = split_sum(ctx, body, ranges)
-    elif ranges:
-        body = UOp(Ops.REDUCE, body.dtype, (body, *ranges), combine)
+    if ranges:
+        reduced = UOp(Ops.REDUCE, body.dtype, (body, *ranges), combine)
+        if (select := pm_one_hot_sums.rewrite(reduced)) is not None:  # Note: a one-hot sum is a select
+            body = select
+        elif _splits_into_parts(ctx, body, ranges, combine, out_shape):
+            body = split_sum(ctx, body, ranges)
+        else:
+            body = reduced
     return TensorValue(tuple(out_shape), body.dtype, body)
 
 

@@ -24,6 +24,13 @@ Note: split reductions
     (argmax's least index that hits the max reads the max, lower/reductions.py) reads it
     through its already split form: each partials program re-reduces the other's S partials
     (a few hundred values, from cache) instead of a third kernel.
+    Note: an arg-extreme split in one pass. argmax (argmin) is the least position whose element is
+    the max (a NaN's, NaN included: lower/reductions.py `arg_extreme`); read through the split max,
+    each chunk's program would re-reduce the max's partials and read the data a second time after
+    the max's own kernel read it once. Instead each chunk keeps its own max and the first position
+    hitting it (one read of a chunk its program holds: chunks of at most `one_pass_chunk`), and the
+    final kernel takes the least of those positions among the chunks whose max is the overall max
+    (or NaN): the first hit overall, since an earlier chunk holding the max would have it as its own.
     var's squared deviations from the mean (`variance_parts`) would so read the data twice;
     instead each chunk gets its sum and its squared deviations from its *own* mean, two
     passes over values one program holds (chunks of at most `one_pass_chunk`, so the
@@ -125,8 +132,10 @@ def _split_step(step: ComputedBuffer, ctx: LoweringContext, policy: SplitPolicy,
     partials: list[tuple[Buffer, UOp]] = []  # (buffer, body)
     reduces = [u for u in step.body.toposort if u.op is Ops.REDUCE]
     variances = {parts[0]: red for red in reduces if (parts := variance_parts(red)) is not None}
+    first_hits = {red: hit for red in reduces if (hit := first_hit_parts(red)) is not None}
+    extremes = {hit[0] for hit in first_hits.values()}  # split with their first hits, in one pass
     for red in reduces:
-        if red in replaced:
+        if red in replaced or red in extremes:
             continue
         current = substitute(red, replaced) if replaced else red
         axes = tuple(sorted({u.arg for u in current.toposort if u.op is Ops.AXIS}))
@@ -137,12 +146,16 @@ def _split_step(step: ComputedBuffer, ctx: LoweringContext, policy: SplitPolicy,
             replaced[red] = done[current, sizes]
             continue
         extent = math.prod(r.src[0].arg for r in current.src[1:])
-        one_pass = red in variances and variances[red] not in replaced
+        one_pass = (red in variances and variances[red] not in replaced) or red in first_hits
         split = policy.splits(math.prod(sizes), extent, policy.one_pass_chunk if one_pass else None)
-        if split is None or _reads_own_ranges(current):
+        if split is None or (_reads_own_ranges(current) and red not in first_hits):
             continue
         chunks = Chunks(*split, extent, axes, sizes)
-        if one_pass:
+        if red in first_hits:
+            extreme = first_hits[red][0]
+            replaced[extreme], replaced[red] = _split_first_hit(current, *first_hits[red], chunks, ctx, partials)
+            done[extreme, sizes] = replaced[extreme]
+        elif one_pass:
             replaced[red], replaced[variances[red]] = _split_variance(current, chunks, ctx, partials)
         else:
             replaced[red] = _reduce_partials(current, _partials(current, chunks, ctx, partials), chunks, ctx)
@@ -211,6 +224,51 @@ def _read_partial(buffer: Buffer, part: UOp, chunks: Chunks) -> UOp:
 def _reduce_partials(red: UOp, buffer: Buffer, chunks: Chunks, ctx: LoweringContext) -> UOp:
     part = ctx.reduce_range(chunks.count)
     return UOp(Ops.REDUCE, red.dtype, (_read_partial(buffer, part, chunks), part), red.arg)
+
+
+# ---- an arg-extreme in one pass ----------------------------------------------------------------
+
+
+def first_hit_parts(red: UOp) -> tuple[UOp, UOp, bool] | None:
+    """(extreme, element, NaN counts) when `red` is the least position of its elements that hits
+    their extreme, REDUCE_MIN(where(element == REDUCE_MAX(element) [| isnan(element)], position, n))
+    over the same positions, as lower/reductions.py `arg_extreme` builds argmax and argmin."""
+    if red.arg is not Ops.MIN or len(red.src) != 2 or red.src[0].op is not Ops.WHERE:
+        return None
+    (hit, position, missing), r = red.src[0].src, red.src[1]
+    if position is not r.cast(dtypes.int64) or missing.op is not Ops.CONST:
+        return None
+    nan = hit.op is Ops.OR
+    compare = hit.src[0] if nan else hit
+    if compare.op is not Ops.CMPEQ or compare.src[1].op is not Ops.REDUCE:
+        return None
+    element, extreme = compare.src
+    if extreme.arg not in (Ops.MAX, Ops.MIN) or len(extreme.src) != 2 or extreme.src[1].src[0] is not r.src[0]:
+        return None
+    if substitute(extreme.src[0], {extreme.src[1]: r}) is not element:
+        return None
+    if nan and hit is not compare.alu(Ops.OR, element.alu(Ops.ISNAN)):
+        return None
+    return extreme, element, nan
+
+
+def _split_first_hit(red: UOp, extreme: UOp, element: UOp, nan: bool, chunks: Chunks, ctx: LoweringContext,
+                     partials: list) -> tuple[UOp, UOp]:  # fmt: skip
+    """argmax/argmin in one pass over the data (Note: an arg-extreme split in one pass): per chunk its
+    extreme and the first position hitting it, then the first of those positions among the chunks
+    whose extreme is the overall one. Returns the REDUCEs for (extreme, position)."""
+    chunk_extreme = _chunk_reduce(extreme, chunks, ctx)
+    extremes = _partials_of(chunk_extreme, chunks, ctx, partials)
+    moved = substitute(extreme, {axis(a): axis(i + 1) for i, a in enumerate(chunks.axes)})  # as _chunk_positions
+    chunk_first = _chunk_reduce(red, chunks, ctx, then=lambda v: substitute(v, {moved: chunk_extreme}))
+    firsts = _partials_of(chunk_first, chunks, ctx, partials)
+    overall = _reduce_partials(extreme, extremes, chunks, ctx)
+    part = ctx.reduce_range(chunks.count)
+    candidate = _read_partial(extremes, part, chunks)
+    hit = candidate.alu(Ops.CMPEQ, overall)
+    hit = hit.alu(Ops.OR, candidate.alu(Ops.ISNAN)) if nan else hit
+    value = hit.where(_read_partial(firsts, part, chunks), red.src[0].src[2])
+    return overall, UOp(Ops.REDUCE, red.dtype, (value, part), Ops.MIN)
 
 
 # ---- variance in one pass ----------------------------------------------------------------------

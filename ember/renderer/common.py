@@ -25,6 +25,7 @@ class RenderedKernel:
     tiled: bool = False  # C++: its loops are 2-D tiles (Note: 2-D tiles, codegen/tiling.py)
     search: Any = None  # C++ with config.kernel_search: a SearchPlan (compile_search.py)
     reduce_loops: int = 0  # reduce loops it opens (C++; Triton: its looped variant; shared_loops.reduce_loop_count)
+    in_rows: bool = False  # Triton: a pointwise kernel planned in rows (Note: pointwise kernels in rows)
     variables: tuple[str, ...] = ()  # size variables it takes after its buffers (Note: symbolic sizes)
 
 

@@ -32,6 +32,7 @@ class GraphSummary:
     explanation: str = ""
     pass_rewrites: dict[str, int] = field(default_factory=dict)  # FX pass -> nodes rewritten (ember/passes)
     tiled_kernels: int = 0  # C++ kernels with 2-D tiles (codegen/tiling.py)
+    row_kernels: int = 0  # Triton pointwise kernels planned in rows (Note: pointwise kernels in rows)
     collectives: int = 0  # collectives issued (Note: collectives in the graph, schedule/collectives.py)
     overlapped_kernels: int = 0  # ember kernels run between a collective and its wait, summed over collectives
     mutated_inputs: list[int] = field(default_factory=list)  # inputs the graph writes into (runtime/cuda_graphs.py)
