@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from ember.codegen.float_sums import BLOCK, CHAINS
+from ember.codegen.float_sums import BLOCK, ROW_BLOCK
 from ember.codegen.phases import full_rewrite
 from ember.uop.dtypes import dtypes
 from ember.uop.ops import BufferArg, Ops, RangeKind, UOp
@@ -25,7 +25,7 @@ def _accumulators(extents: tuple[int, ...], outputs: int = 1, column: bool = Fal
     size = math.prod(extents) * outputs
     x = UOp(Ops.BUFFER, dtypes.float32, (), BufferArg("p1", size))
     out = UOp(Ops.BUFFER, dtypes.float32, (), BufferArg("p0", outputs))
-    o = UOp.range(outputs, 0)
+    o = UOp.range(outputs, 0) if outputs > 1 else UOp.const(dtypes.index, 0)  # a whole tensor's sum: no loop
     ranges = [UOp.range(n, i + 1, RangeKind.REDUCE) for i, n in enumerate(extents)]
     position = UOp.const(dtypes.index, 0)
     for r, n in zip(ranges, extents):
@@ -44,19 +44,21 @@ def _accumulators(extents: tuple[int, ...], outputs: int = 1, column: bool = Fal
 
 def test_a_row_up_to_a_block_is_one_float32_sum():
     assert _accumulators((256,), outputs=512) == {"float32": 1, "float64": 0}
-    assert _accumulators((BLOCK,), outputs=4) == {"float32": 1, "float64": 0}
-    assert _accumulators((4, 16, 16), outputs=4) == {"float32": 1, "float64": 0}
+    assert _accumulators((ROW_BLOCK,), outputs=4) == {"float32": 1, "float64": 0}
+    assert _accumulators((4, 8, ROW_BLOCK // 32), outputs=4) == {"float32": 1, "float64": 0}
+    assert _accumulators((BLOCK,)) == {"float32": 1, "float64": 0}
 
 
 def test_a_long_sum_is_float32_blocks_added_in_double():
-    assert _accumulators((8 * BLOCK,)) == {"float32": CHAINS, "float64": 1}
-    assert _accumulators((3000,)) == {"float32": CHAINS, "float64": 1}  # blocks of a divisor (1000)
-    assert _accumulators((7, 512)) == {"float32": 1, "float64": 1}  # the inner dim is the block
+    assert _accumulators((8 * BLOCK,)) == {"float32": 1, "float64": 1}
+    assert _accumulators((3000,)) == {"float32": 1, "float64": 1}  # blocks of a divisor (250)
+    assert _accumulators((7, 200)) == {"float32": 1, "float64": 1}  # the inner dim is the block
 
 
 def test_sums_without_a_block_stay_in_double():
     assert _accumulators((4099,)) == {"float32": 0, "float64": 1}  # prime: no block divides it
     assert _accumulators((1000, 7)) == {"float32": 0, "float64": 1}  # inner dim too short for a block
+    assert _accumulators((ROW_BLOCK + 1,), outputs=4) == {"float32": 0, "float64": 1}  # a long row
     assert _accumulators((4096,), outputs=64, column=True) == {"float32": 0, "float64": 1}  # lane accumulators
 
 

@@ -6,22 +6,28 @@ sum that lowering accumulates in double (lower/reductions.py `accumulator`) summ
 Note: float32 sums in blocks
     A float32 sum accumulates in double so that a long sum stays exact enough (eager's CPU
     kernels sum in float32, in a cascade). Converted element by element, each element costs a
-    float -> double conversion and a double add, at half the lanes of a float32 vector: layer
-    norm's mean over a 256-wide row took 50 us of one core for 512 rows where float32 partial
-    sums took 38 us. So the sum is taken in two levels: float32 partial sums over blocks of at
+    float -> double conversion and a double add, at half the lanes of a float32 vector: x.sum()
+    of 16M floats took 2.70 ms of one core (eager's: 2.42), summed as below 2.45. So the sum is
+    taken in two levels: float32 partial sums over blocks of at
     most BLOCK elements (the vectorized loop keeps one partial sum per lane, each adding
     BLOCK / lanes elements in order), each block's sum converted once and added in double:
 
         REDUCE_f64(CAST_f64(x), r)                ->  CAST_f64(REDUCE_f32(x, r))     r <= BLOCK
+      and for a sum of a whole tensor (no loop around it, as each part of x.sum()):
         REDUCE_f64(CAST_f64(x), *outer, r)        ->  REDUCE_f64(CAST_f64(REDUCE_f32(x, r)), *outer)
-        REDUCE_f64(CAST_f64(x), *outer, r)        ->  REDUCE_f64(sum_k CAST_f64(REDUCE_f32(x[o*b+k*b/4+i], i)),
-                                                                 *outer, o)
+        REDUCE_f64(CAST_f64(x), *outer, r)        ->  REDUCE_f64(CAST_f64(REDUCE_f32(x[o*b+i], i)), *outer, o)
                                                       (r longer than BLOCK: b a divisor of its extent)
 
-    A block of a long sum is CHAINS sums of consecutive parts: they share one loop (Note: shared
-    reduce loops), so their chains of vector adds run side by side instead of each add waiting
-    for the previous one (4 cycles on AVX-512). This takes the place of lowering's sum in parts
-    (Note: a long sum in parts, lower/reductions.py), which float32 sums no longer take.
+    A row (a sum per output: layer norm's, softmax's) is one block up to ROW_BLOCK elements, and
+    longer rows stay in double: in blocks, their loops could no longer be shared with the row's
+    other statistics (amax, a count: Note: shared reduce loops), which would read the row twice.
+    The bias that identical blocks add up (0.1 summed 4M times) bounds the whole-tensor BLOCK.
+
+    A whole tensor's sum comes in parts (Note: a long sum in parts, lower/reductions.py): the
+    parts' double sums of blocks share their block loop and their blocks' float32 sums the inner
+    loop (Note: shared reduce loops), so the parts' chains of vector adds still run side by side.
+    (Two or four float32 chains per block besides, each over a part of the block, made that sum
+    slower than one: with blocks of 1024, 2.71 and 2.85 ms against 2.53.)
 
     The error of a float32 block sum grows with the elements each lane adds in order, at most
     BLOCK / 16 with AVX-512 vectors (BLOCK in a scalar loop): bounded, whatever the length of the
@@ -30,8 +36,8 @@ Note: float32 sums in blocks
     already add whole vectors per element and keep their double arrays. A sum that another
     reduction reads keeps its double too: a variance's mean must be exact for a row of equal
     values (the deviations are 0 and group norm gives the bias, as eager's Welford), which float32
-    block sums of 100.3 are not. A sum whose innermost
-    extent is short (fewer than MIN_BLOCK elements) or not static keeps its double accumulator.
+    block sums of 100.3 are not. A sum whose innermost extent is short (fewer than MIN_BLOCK
+    elements) or not static keeps its double accumulator.
     C++ only: Triton's reductions are blocks already.
 """
 
@@ -46,8 +52,8 @@ from ember.uop.dtypes import dtypes
 from ember.uop.ops import Ops, RangeKind, UOp, substitute
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
-BLOCK = 1024  # the most elements one float32 partial sum covers
-CHAINS = 4  # a long sum's block as this many float32 sums of consecutive parts, in one loop
+BLOCK = 256  # the most elements one float32 partial sum of a whole tensor covers (1024: 4x eager's error)
+ROW_BLOCK = 1024  # the most elements of a row (a sum per output) summed in float32
 MIN_BLOCK = 64  # shorter inner extents: a conversion per few elements gains little
 
 
@@ -82,8 +88,10 @@ def _block_sum(ctx: BlockContext, red: UOp) -> UOp | None:
     if len(extents) < len(ranges) or any(r.arg.kind is not RangeKind.REDUCE for r in ranges):
         return None
     x = value.src[0]
-    if math.prod(extents) <= BLOCK:  # one block: the whole sum in float32, converted once
+    if math.prod(extents) <= (ROW_BLOCK if red.ranges else BLOCK):  # one block: in float32, converted once
         return UOp(Ops.REDUCE, dtypes.float32, (x, *ranges), Ops.ADD).cast(dtypes.float64)
+    if red.ranges:
+        return None  # a long row: blocks would keep it from sharing a loop with its row's other statistics
     inner = max(ranges, key=lambda r: r.arg.nesting)
     outer = [r for r in ranges if r is not inner]
     extent = inner.src[0].static_size
@@ -95,20 +103,15 @@ def _block_sum(ctx: BlockContext, red: UOp) -> UOp | None:
     if size is None:
         return None
     blocks = UOp.range(extent // size, next(ctx.orders), RangeKind.REDUCE)
-    chain = size // CHAINS
-    block_sum = None
-    for k in range(CHAINS):  # Note: float32 sums in blocks (chains side by side)
-        within = UOp.range(chain, next(ctx.orders), RangeKind.REDUCE)
-        element = substitute(x, {inner: blocks * size + (within + k * chain)})
-        part = UOp(Ops.REDUCE, dtypes.float32, (element, within), Ops.ADD).cast(dtypes.float64)
-        block_sum = part if block_sum is None else block_sum + part
-    assert block_sum is not None
-    return UOp(Ops.REDUCE, dtypes.float64, (block_sum, *outer, blocks), Ops.ADD)
+    within = UOp.range(size, next(ctx.orders), RangeKind.REDUCE)
+    element = substitute(x, {inner: blocks * size + within})
+    block = UOp(Ops.REDUCE, dtypes.float32, (element, within), Ops.ADD).cast(dtypes.float64)
+    return UOp(Ops.REDUCE, dtypes.float64, (block, *outer, blocks), Ops.ADD)
 
 
 def _block_size(extent: int) -> int | None:
-    """The largest divisor of `extent` from BLOCK / 4 to BLOCK that CHAINS divides, if any."""
-    for size in range(BLOCK, BLOCK // 4 - 1, -CHAINS):
+    """The largest divisor of `extent` from BLOCK / 4 to BLOCK, if any."""
+    for size in range(BLOCK, BLOCK // 4 - 1, -1):
         if extent % size == 0:
             return size
     return None
