@@ -104,7 +104,7 @@ def main() -> None:
         eager = results.get("eager", {}).get("step_ms")
         ratio = f" ({eager / r['step_ms']:.2f}x eager)" if eager else ""
         print(f"{compiler:9s} step {r['step_ms']:.1f} ms{ratio}, first step {r['first_s']:.1f} s, "
-              f"peak {r['peak_gib']:.2f} GiB")  # fmt: skip
+              f"peak {r['peak_gib']:.3f} GiB")  # fmt: skip
         print(f"{'':9s} losses {' '.join(f'{x:.4f}' for x in r['losses'])}")
         if "in_place" in r:
             print(f"{'':9s} {r['in_place']}")

@@ -105,11 +105,24 @@ def _compile_graph(
     _record(summary, timings)
     _log_summary(summary, role, key)
     if config.cuda_graphs and graph_device(gm, example_inputs).type == "cuda":
-        runner = CudaGraphRunner(call, frozenset(summary.mutated_inputs), f"{role} {key[:8]}")
+        runner = CudaGraphRunner(call, frozenset(summary.mutated_inputs), f"{role} {key[:8]}", visible_outputs(role))
         if summary.collectives:  # a wait is a host-side wait on the process group's work: not replayable
             runner.refuse("it holds collectives (Note: collectives in the graph, schedule/collectives.py)")
         call = runner
     return call
+
+
+def visible_outputs(role: str) -> int | None:
+    """How many leading outputs of the graph AOTAutograd is compiling reach the user, who may keep
+    them across calls (None: all). A forward's later outputs are the activations saved for its
+    backward, and a backward's outputs are gradients for `.grad` (Note: outputs lent or copied)."""
+    if role == "backward":
+        return 0
+    if role != "forward":
+        return None
+    context = torch._guards.TracingContext.try_get()
+    found = getattr(getattr(context, "fw_metadata", None), "num_forward", None)
+    return found if isinstance(found, int) else None
 
 
 def _key_and_cached(gm, example_inputs, config: Config, versions: str, use_cache: bool, timings: dict) -> tuple:

@@ -77,6 +77,9 @@ class Metrics:
     cuda_graph_replays: int = 0  # calls that replayed a recording
     cuda_graph_skips: int = 0  # calls that ran without one (no recording fit, and no more may be made)
     cuda_graph_refusals: int = 0  # graphs that run without CUDA graphs, each with a warning naming why
+    cuda_graph_input_copies: int = 0  # device inputs copied into a recording's buffers, summed over replays
+    cuda_graph_output_copies: int = 0  # output storages copied out of a recording, summed over replays
+    cuda_graph_outputs_kept: int = 0  # lent outputs found held at a later call, copied from then on
     pooled_buffers_reused: int = 0  # large CPU buffers lent again from the pool (runtime/memory.py)
     # error flag sets Triton calls' threads made; later calls borrow them (Note: error flags lent per thread)
     gpu_error_flag_sets: int = 0

@@ -288,3 +288,67 @@ def test_ember_compile_takes_the_mode_too():
         x = torch.randn(100, device="cuda")
         torch.testing.assert_close(f(x), x.relu() * 2)
     assert metrics.cuda_graph_replays >= 1
+
+
+def _twin_models(seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 4)).cuda()
+    twin = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 4)).cuda()
+    twin.load_state_dict(model.state_dict())
+    return model, twin
+
+
+@cuda
+def test_a_training_step_hands_activations_and_gradients_over_without_copies():
+    """Note: outputs lent or copied: the backward reads the forward's saved activations, and the
+    compiled optimizer reads the gradients, where the recordings lent them; only the loss is
+    copied out."""
+    model, twin = _twin_models()
+    x, y = torch.randn(16, 32, device="cuda"), torch.randn(16, 4, device="cuda")
+
+    def whole_step(net, opt):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    opt, twin_opt = torch.optim.AdamW(model.parameters(), lr=1e-2), torch.optim.AdamW(twin.parameters(), lr=1e-2)
+    step = compiled(lambda: whole_step(model, opt))
+    losses = [step().item() for _ in range(4)]  # warm-ups and recordings
+    metrics.reset()
+    losses += [step().item() for _ in range(5)]
+    assert metrics.cuda_graph_replays >= 15 and metrics.cuda_graph_refusals == 0  # forward, backward, optimizer
+    assert metrics.cuda_graph_skips == 0 and metrics.cuda_graphs_recorded == 0
+    # at most the loss's gradient (a fresh tensor at each backward); copying the 4 gradients into the
+    # optimizer's recording would be 4 a step
+    assert metrics.cuda_graph_input_copies <= 5
+    assert metrics.cuda_graph_output_copies == 5  # the loss of each forward
+    for loss in losses:
+        assert loss == pytest.approx(whole_step(twin, twin_opt).item(), rel=1e-5, abs=1e-6)
+    for p, q in zip(model.parameters(), twin.parameters()):  # (9 AdamW steps: rounding of compiled updates)
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+@cuda
+@pytest.mark.parametrize("keep", ["zero_in_place", "by_hand"])
+def test_gradients_kept_across_steps_stay_right_and_are_copied_from_then_on(keep):
+    model, twin = _twin_models(1)
+    graphs = compiled(model)
+    kept, want = [], []
+    for k in range(6):
+        x = torch.randn(8, 32, device="cuda") + k
+        for net, out in ((graphs, kept), (twin, want)):
+            net(x).square().mean().backward()
+            out.append([p.grad if keep == "by_hand" else p.grad.clone() for p in net.parameters()])
+            if keep == "by_hand":  # the user holds the gradient tensors themselves
+                for p in net.parameters():
+                    p.grad = None
+            else:  # .grad keeps the first step's storages, zeroed and accumulated into in place
+                net.zero_grad(set_to_none=False)
+    assert metrics.cuda_graph_refusals == 0 and metrics.cuda_graph_replays >= 8 and metrics.cuda_graph_skips == 0
+    if keep == "by_hand":  # (zeroed in place, .grad holds the warm-up call's gradients, not lent ones)
+        assert metrics.cuda_graph_outputs_kept > 0
+    for got, expected in zip(kept, want):
+        for g, w in zip(got, expected):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)

@@ -284,3 +284,25 @@ def test_two_donated_inputs_on_one_storage_are_not_donated(monkeypatch):
     base = torch.ones(4, 4)
     mark_donated_inputs(gm, [base, base[0], torch.ones(4)])  # a and b share a storage
     assert gm.meta[DONATED_INPUTS] == ("c",)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_language_model_loss_gradient_is_written_over_saved_logits_of_another_shape(monkeypatch, backend):
+    # as a causal LM under bf16 autocast: the logits are saved as the matmul's (tokens, vocab) bf16
+    # result, and the gradient of their float upcast is made in the model's (batch, sequence,
+    # vocab) shape: the same elements in the same order, so it is written over them
+    _backends(monkeypatch, backend)
+    torch.manual_seed(0)
+    hidden, w = torch.randn(2, 24, 16).bfloat16(), (torch.randn(16, 300) / 4).bfloat16()
+    target = torch.randint(0, 300, (2, 24))
+    target[0, 3] = -100  # ignored
+
+    def loss(h, w, t):
+        logits = (h.reshape(-1, 16) @ w).view(2, 24, 300)
+        return F.cross_entropy(logits.float().view(-1, 300), t.view(-1))
+
+    ember.metrics.reset()
+    got, expected = _gradients(loss, [hidden, w], target)
+    for g, e in zip(got, expected):  # (bf16 logits and gradients)
+        torch.testing.assert_close(g.double(), e, rtol=2e-2, atol=2e-3)
+    assert ember.metrics.donated_inputs_overwritten == 1

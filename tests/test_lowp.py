@@ -473,12 +473,22 @@ def test_signbit_of_a_vectorized_16_bit_loop(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_scatter_and_scans_of_16_bit_floats_call_aten(dtype):
     # their kernels work on the storage type itself: aten does them, and says so in the metrics
+    torch.manual_seed(0)
     x, src = torch.randn(4, 5).to(dtype), torch.randn(4, 5).to(dtype)
     index = torch.tensor([[0, 1, 2, 0, 1], [3, 2, 1, 0, 0], [1, 1, 1, 1, 1], [2, 3, 0, 1, 2]])
-    f = lambda x, i, s: (x.scatter_add(0, i, s), x.cumsum(1), x.cummax(0).values, x.index_add(0, i[0, :4], s[:4]))
+    f = lambda x, i, s: (x.scatter_add(0, i, s), x.cumsum(1), x.cummax(0).values)
     inputs = tuple(map(to_test_device, (x, index, src)))
     # aten's accumulation order may differ: on CUDA scatter_add's atomics add in any order
     tolerance = {} if test_device() == "cpu" else {"atol": 2e-3, "rtol": 1e-2}
     for got, want in zip(compile_fn(f)(*inputs), f(*inputs)):  # the same aten kernels on the same device
         torch.testing.assert_close(got.cpu(), want.cpu(), **tolerance)
-    assert ember.metrics.fallback_calls >= 4
+    assert ember.metrics.fallback_calls >= 3
+    # index_add is ember's own: it adds a row's sources in float and rounds once, where eager's
+    # CPU kernel rounds after each add; so it is held to the float64 result, within a rounding
+    for seed in range(8):
+        torch.manual_seed(seed)
+        x, src = torch.randn(4, 5).to(dtype), torch.randn(4, 5).to(dtype)
+        got = compile_fn(lambda x, i, s: x.index_add(0, i, s))(*map(to_test_device, (x, index[0, :4], src[:4])))
+        want = x.double().index_add(0, index[0, :4], src[:4].double())
+        eps = torch.finfo(dtype).eps
+        torch.testing.assert_close(got.cpu().double(), want, rtol=eps, atol=eps)

@@ -166,12 +166,13 @@ def _can_overwrite(victim: Buffer, out: Buffer) -> bool:
         return False
     if victim.kind == "computed":  # allocated by the wrapper: its storage is exactly its layout's
         return same_sizes((victim.layout.storage_size,), (out.layout.storage_size,))
-    if victim.kind == "input":  # donated (Note: donated inputs): the output's very layout, every element once
-        return victim.layout == out.layout and _is_dense(victim.layout)
-    # an aten result may be a view into a larger storage: only the very same elements, which
-    # a dense layout of as many elements from its first one are (the wrapper's as_strided
-    # counts from the result's first element)
-    if victim.kind != "extern":
+    if victim.kind == "input" and victim.layout == out.layout:  # donated (Note: donated inputs)
+        return _is_dense(victim.layout)
+    # a donated input or an aten result may be a view into a larger storage: only the very same
+    # elements, which a dense layout of as many elements from its first one are (the wrapper's
+    # reinterpret counts from the tensor's first element). A saved (256, V) logits tensor and its
+    # (2, 128, V) gradient are such a pair; which element each reads is _unsafe_reads' question.
+    if victim.kind not in ("input", "extern"):
         return False
     return victim.layout == out.layout or (_is_dense(victim.layout) and _is_dense(out.layout)
                                            and same_sizes((victim.layout.numel,), (out.layout.numel,)))  # fmt: skip

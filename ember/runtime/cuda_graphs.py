@@ -19,13 +19,13 @@ Note: CUDA graphs
         Parameters and a backward's saved activations keep their addresses, so they are never
         copied; a fresh batch is. An input the graph writes into is always read where it lies
         (a copy would take the write), so a new address for it records the graph again;
-      - returns outputs that stay right while the user holds them: a small output (its storage
-        at most `COPY_OUT_BYTES`) is copied out of the recording's memory at every call; a large
-        one is handed out as is, and the next call replays into it only once nothing outside the
-        runner holds its storage (the storage's use count, as runtime/memory.py's pool checks);
-        while one is held, the call uses another recording (at most `MAX_RECORDINGS`, each with
-        its own memory pool) or, past that, runs without a graph. Outputs that alias an input
-        are rebuilt as views of the caller's input. Outputs that share a storage still share one;
+      - returns outputs that stay right while the user holds them (Note: outputs lent or copied):
+        an output is either copied out of the recording's memory at every call, or lent as it
+        lies, and the next call replays into a lent one only once nothing outside the runner
+        holds its storage (the storage's use count, as runtime/memory.py's pool checks); while
+        one is held, the call uses another recording (at most `MAX_RECORDINGS`, each with its own
+        memory pool) or, past that, runs without a graph. Outputs that alias an input are
+        rebuilt as views of the caller's input. Outputs that share a storage still share one;
       - checks the kernels' error flags after each replay (the flags live in the recording; their
         zeroing is recorded too), so a bad index still raises;
       - orders replays from several threads: one lock per runner around picking a recording,
@@ -42,6 +42,20 @@ Note: random numbers in CUDA graphs
     recording, which `_replay` fills with a fresh draw from torch's generator before each replay,
     on the replay's stream. So dropout-trained models replay, and `torch.manual_seed` still
     reproduces a run. A graph compiled with the seed by value refuses recording, as before.
+
+Note: outputs lent or copied
+    Copying an output out costs a copy and, for the graph that reads it next, a copy in (it comes
+    at a new address each call); lending it costs nothing but blocks the recording while the
+    user holds it. What a training step's graphs hand each other is dropped by the next call:
+    a forward's saved activations (autograd frees them in the backward) and a backward's
+    gradients (`zero_grad` drops them before the next backward). So those are lent, and the
+    backward and the optimizer read them where they lie, with no copy at all; the outputs a
+    user sees (`visible_outputs`: the leading ones, a forward's loss or logits) are copied when
+    their storage is at most `COPY_OUT_BYTES`, as a user may keep them (a list of losses). A
+    small lent output found still held at a later call (gradients kept by `zero_grad(set_to_none
+    =False)`, or kept by hand) is copied from then on, and the recordings it blocks are dropped,
+    so each such output costs one recording more, once. Large outputs are always lent: copying
+    them would cost more than a recording.
 """
 
 from __future__ import annotations
@@ -107,12 +121,13 @@ class _Output:
     stride: tuple = ()
     offset: int = 0  # in elements, from the start of its storage
     dtype: torch.dtype | None = None
+    layout: dict = field(default_factory=dict)  # where it is rebuilt (`_lay_out`)
 
 
 @dataclass
 class _Recording:
     graph: torch.cuda.CUDAGraph
-    inputs: list  # what the recording reads: the caller's tensors (by address) or static copies
+    inputs: list  # its static buffers of the copied inputs (None for those read where they lie)
     addresses: dict[int, tuple]  # input index -> (data_ptr, shape, stride) baked in (read where they lie),
     # or ("value", v) for a non-tensor input (its value is baked in)
     copied: list[int]  # the inputs copied into static buffers before each replay
@@ -120,16 +135,37 @@ class _Recording:
     outputs: list[_Output]
     error_checks: list = field(default_factory=list)  # (GpuErrorFlags, errors, deferred) recorded in it
     seeds: list = field(default_factory=list)  # its random seeds' device buffers, drawn afresh per replay
+    lent: list[int] = field(default_factory=list)  # storages its last replay lent out (Note: outputs lent or copied)
     done: torch.cuda.Event | None = None  # recorded after its last replay
     copy_out: _CopyOut | None = None  # how its small outputs are copied out (Note: one copy per replay)
     device: torch.device = torch.device("cuda")  # the device it was recorded on (current then)
 
+    def __post_init__(self) -> None:  # `addresses` split for a quick `matches`, the per-call test
+        self._tensors = [(i, *placed) for i, placed in self.addresses.items() if placed[0] != "value"]
+        self._values = [(i, placed) for i, placed in self.addresses.items() if placed[0] == "value"]
+
     def matches(self, args: list) -> bool:
-        return all(_placement(args[i]) == placed for i, placed in self.addresses.items())
+        for i, pointer, shape, stride in self._tensors:
+            x = args[i]
+            if not isinstance(x, torch.Tensor) or x.data_ptr() != pointer or x.stride() != stride or x.shape != shape:
+                return False
+        return all(_placement(args[i]) == placed for i, placed in self._values)
 
     def outputs_free(self) -> bool:
-        """Nothing outside the runner holds a storage its large outputs lie on."""
-        return all(_use_count(self.storages[o.index]) == 1 for o in self.outputs if o.kind == "held")
+        """Nothing outside the runner holds a storage its last replay lent out."""
+        return all(_use_count(self.storages[i]) == 1 for i in self.lent)
+
+    def kept_by_users(self) -> set[int]:
+        """The storages its last replay lent out that someone still holds."""
+        return {i for i in self.lent if _use_count(self.storages[i]) > 1}
+
+    def copy_from_now_on(self, kept: set[int]) -> None:
+        """Copy the outputs on storages `kept` out at every replay instead of lending them."""
+        for o in self.outputs:
+            if o.kind == "held" and o.index in kept:
+                o.kind = "copied"
+        self.copy_out = _CopyOut.plan(self.storages, self.outputs)
+        _lay_out(self.outputs, self.copy_out)
 
 
 def _placement(x: Any) -> tuple:
@@ -142,8 +178,11 @@ class CudaGraphRunner:
     """`call` replayed from CUDA graphs (Note: CUDA graphs). `mutated_inputs`: the indices of the
     inputs the graph writes into."""
 
-    def __init__(self, call: Callable, mutated_inputs: frozenset[int], name: str) -> None:
+    def __init__(self, call: Callable, mutated_inputs: frozenset[int], name: str,
+                 visible_outputs: int | None = None) -> None:  # fmt: skip
         self.call, self.mutated_inputs, self.name = call, mutated_inputs, name
+        self.visible_outputs = visible_outputs  # the leading outputs a user sees (None: all); the rest are lent
+        self._kept: set[int] = set()  # output storages found held at a later call: copied from then on
         self._boxed_call = True
         for attribute in ("wrapper_path", "summary"):
             if hasattr(call, attribute):
@@ -201,12 +240,11 @@ class CudaGraphRunner:
                 continue
             if recording.outputs_free():
                 return recording
+            self._copy_kept_outputs(recording)
         if moved:  # an input came at another address: copy it from now on, unless the graph writes it or
             # another recording made it (it moves only when that one records again)
             for recording in self._recordings:
-                self._copied |= {i for i, placed in recording.addresses.items() if _placement(args[i]) != placed
-                                 and isinstance(args[i], torch.Tensor) and i not in self.mutated_inputs
-                                 and not _is_recorded_output(args[i])}  # fmt: skip
+                self._copy_moved_inputs(recording, args)
         if self._records >= MAX_RECORDINGS * 2:
             if self._records == MAX_RECORDINGS * 2:
                 self._records += 1
@@ -222,6 +260,27 @@ class CudaGraphRunner:
             kept = [r for r in self._recordings if not r.addresses.keys() & self._copied]
             self._recordings = kept[-(MAX_RECORDINGS - 1) :] + [fresh]
         return fresh
+
+    def _copy_moved_inputs(self, recording: _Recording, args: list) -> None:
+        moved = {i for i, placed in recording.addresses.items() if _placement(args[i]) != placed
+                 and isinstance(args[i], torch.Tensor) and i not in self.mutated_inputs
+                 and not _is_recorded_output(args[i])}  # fmt: skip
+        for i in sorted(moved - self._copied):
+            log.debug("ember: %s graph: input %d (shape %s, %s) moved: copied in before each replay from now on",
+                      self.name, i, tuple(args[i].shape), args[i].dtype)  # fmt: skip
+        self._copied |= moved
+
+    def _copy_kept_outputs(self, blocked: _Recording) -> None:
+        """Small outputs still held from `blocked`'s last replay are copied from now on, by every
+        recording, and recordings only they block are dropped (Note: outputs lent or copied)."""
+        kept = {i for i in blocked.kept_by_users() if blocked.storages[i].nbytes() <= COPY_OUT_BYTES}
+        if not kept - self._kept:
+            return
+        self._kept |= kept
+        metrics.add(cuda_graph_outputs_kept=len(kept))
+        for recording in self._recordings:
+            recording.copy_from_now_on(kept)
+        self._recordings = [r for r in self._recordings if not _blocked_only_by(r.kept_by_users(), self._kept)]
 
     def _record(self, args: list) -> _Recording | None:
         inputs = list(args)
@@ -247,9 +306,13 @@ class CudaGraphRunner:
             capture_state.recorder, capture_state.seeds = None, None
         self._records += 1
         metrics.add(cuda_graphs_recorded=1)
-        storages, rebuilt = _describe_outputs(outputs, inputs)
-        recording = _Recording(graph, inputs, addresses, copied, storages, rebuilt, checks, seeds)
+        storages, rebuilt = _describe_outputs(outputs, inputs, self.visible_outputs, self._kept)
+        # only its own buffers are kept: a reference to an input read where it lies would hold that
+        # input's storage, and so block the recording that lent it (its forward) for good
+        static = [x if i in copied else None for i, x in enumerate(inputs)]
+        recording = _Recording(graph, static, addresses, copied, storages, rebuilt, checks, seeds)
         recording.copy_out = _CopyOut.plan(storages, rebuilt)
+        _lay_out(rebuilt, recording.copy_out)
         recording.device = torch.device("cuda", torch.cuda.current_device())
         held = {o.index for o in rebuilt if o.kind == "held"}
         weakref.finalize(recording, _release_outputs, _hold_outputs([storages[i] for i in sorted(held)]))
@@ -267,6 +330,7 @@ class CudaGraphRunner:
             seed.fill_(draw_seed())
         recording.graph.replay()
         outputs = _rebuild_outputs(recording, args)
+        recording.lent = sorted({o.index for o in recording.outputs if o.kind == "held"})
         recording.done.record(stream)
         metrics.add(cuda_graph_replays=1)
         for flags, errors, deferred in recording.error_checks:
@@ -275,19 +339,27 @@ class CudaGraphRunner:
         return outputs
 
 
+def _blocked_only_by(held: set[int], copied: set[int]) -> bool:
+    return bool(held) and held <= copied
+
+
 class _Probe:
     """What a warm-up call did that a recording cannot replay (set by wrapper/runtime.py)."""
 
     random = False
 
 
-def _describe_outputs(outputs, inputs: list) -> tuple[list[torch.UntypedStorage], list[_Output]]:
-    """How each output of a recording is handed out (Note: CUDA graphs)."""
+def _describe_outputs(outputs, inputs: list, visible: int | None,
+                      kept: set[int]) -> tuple[list[torch.UntypedStorage], list[_Output]]:  # fmt: skip
+    """How each output of a recording is handed out (Note: outputs lent or copied): copied when
+    its storage is small and a user sees an output on it (`visible`: the leading outputs a user
+    sees, None for all) or kept one (`kept`: storage positions), else lent."""
     input_storages = {x.untyped_storage().data_ptr(): i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)}
     storages: list[torch.UntypedStorage] = []
     by_pointer: dict[int, int] = {}
     described = []
-    for out in outputs:
+    seen_by_users: set[int] = set()
+    for position, out in enumerate(outputs):
         if not isinstance(out, torch.Tensor):
             described.append(_Output("value", value=out))
             continue
@@ -303,14 +375,21 @@ def _describe_outputs(outputs, inputs: list) -> tuple[list[torch.UntypedStorage]
         if storage.data_ptr() not in by_pointer:
             by_pointer[storage.data_ptr()] = len(storages)
             storages.append(storage)
-        kind = "copied" if storage.nbytes() <= COPY_OUT_BYTES else "held"
-        described.append(_Output(kind, index=by_pointer[storage.data_ptr()], **layout))
+        index = by_pointer[storage.data_ptr()]
+        if visible is None or position < visible:
+            seen_by_users.add(index)
+        described.append(_Output("held", index=index, **layout))
+    copied = {i for i in seen_by_users | kept if i < len(storages) and storages[i].nbytes() <= COPY_OUT_BYTES}
+    for o in described:
+        if o.kind == "held" and o.index in copied:
+            o.kind = "copied"
     return storages, described
 
 
 def _copy_static_inputs(recording: _Recording, args: list) -> None:
     """The moved inputs into the recording's buffers: the device ones in one launch."""
     on_device = [i for i in recording.copied if args[i].device.type == "cuda"]
+    metrics.add(cuda_graph_input_copies=len(on_device))
     if on_device:
         torch._foreach_copy_([recording.inputs[i] for i in on_device], [args[i] for i in on_device])
     for i in recording.copied:
@@ -359,20 +438,45 @@ class _CopyOut:
 
 
 def _rebuild_outputs(recording: _Recording, args: list) -> list:
-    packed = recording.copy_out.run() if recording.copy_out is not None else None
+    packed = None
+    if recording.copy_out is not None:
+        packed = recording.copy_out.run().untyped_storage()
+        metrics.add(cuda_graph_output_copies=len(recording.copy_out.sources))
     outputs = []
     for o in recording.outputs:
         if o.kind == "value":
             outputs.append(o.value)
-            continue
-        if o.kind == "input":
+        elif o.kind == "input":
             x = args[o.index]
             outputs.append(x.as_strided(o.size, o.stride, x.storage_offset() + o.offset))
-            continue
-        storage, offset = recording.storages[o.index], o.offset
-        if o.kind == "copied":
-            assert packed is not None and recording.copy_out is not None and o.dtype is not None
-            storage = packed.untyped_storage()
-            offset += recording.copy_out.offsets[recording.copy_out.slot[o.index]] // o.dtype.itemsize
-        outputs.append(torch.empty(0, dtype=o.dtype, device=storage.device).set_(storage, offset, o.size, o.stride))
+        else:
+            storage = packed if o.kind == "copied" else recording.storages[o.index]
+            assert storage is not None
+            outputs.append(_tensor_on(storage, o.layout))
     return outputs
+
+
+def _tensor_on(storage: torch.UntypedStorage, layout: dict) -> torch.Tensor:
+    """A tensor of `layout` (dtype, size, stride, storage_offset) on `storage`: torch's C helper,
+    a third of the cost of an empty tensor `set_` there (an output per parameter per replay)."""
+    if _construct_tensor is not None and storage.is_cuda:
+        return _construct_tensor(layout, storage)
+    empty = torch.empty(0, dtype=layout["dtype"], device=storage.device)
+    return empty.set_(storage, layout["storage_offset"], layout["size"], layout["stride"])
+
+
+_construct_tensor = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+
+
+def _lay_out(outputs: list[_Output], copy_out: _CopyOut | None) -> None:
+    """Each tensor output's layout where `_rebuild_outputs` builds it: in its pool storage, or at
+    its place in the buffer its storage is copied into."""
+    for o in outputs:
+        if o.kind not in ("held", "copied"):
+            continue
+        assert o.dtype is not None
+        offset = o.offset
+        if o.kind == "copied":
+            assert copy_out is not None
+            offset += copy_out.offsets[copy_out.slot[o.index]] // o.dtype.itemsize
+        o.layout = {"dtype": o.dtype, "size": o.size, "stride": o.stride, "storage_offset": offset}
