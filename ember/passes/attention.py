@@ -216,6 +216,9 @@ def grouped_query_attention(graph: torch.fx.Graph, node: torch.fx.Node, query: A
     keys, values = unrepeated_heads(key, node), unrepeated_heads(value, node)
     if keys is None or values is None or keys[1] != values[1] or key is value:
         return None
+    queries, repeated = _value(query), _value(key)
+    if queries is None or repeated is None or tuple(queries.shape[:2]) != tuple(repeated.shape[:2]):
+        return None  # the kernel's head mapping needs one query head per repeated head
     args = (query, keys[0], values[0], *node.args[3:])
     return meta.call(graph, aten._scaled_dot_product_flash_attention_for_cpu.default, args, dict(node.kwargs))
 
