@@ -112,3 +112,75 @@ def test_training_keeps_the_pieces():
     for got, want in zip(grads, reference):
         torch.testing.assert_close(got.double(), want.grad, rtol=1.3e-5, atol=1e-5)
     assert ember.metrics.pass_rewrites["attention"] == 0
+
+
+# ---- grouped-query attention (Note: grouped-query attention reads its shared heads) ----------
+
+
+def repeat_kv(x, repeats):
+    """LLaMA's repeat_kv: each of x's heads `repeats` times in a row."""
+    batch, kv_heads, length, dim = x.shape
+    return (
+        x[:, :, None, :, :]
+        .expand(batch, kv_heads, repeats, length, dim)
+        .reshape(batch, kv_heads * repeats, length, dim)
+    )
+
+
+def gqa(repeats, causal=False):
+    def attend(q, k, v, *mask):
+        return F.scaled_dot_product_attention(
+            q, repeat_kv(k, repeats), repeat_kv(v, repeats), attn_mask=mask[0] if mask else None, is_causal=causal
+        )
+
+    return attend
+
+
+GQA_SHAPES = [(1, 128, 2, 4, 64), (2, 33, 3, 2, 16), (3, 7, 1, 8, 24), (2, 16, 4, 2, 8)]  # B, L, Hkv, R, E
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize(("batch", "seq", "kv_heads", "repeats", "dim"), GQA_SHAPES)
+def test_repeated_key_value_heads_are_read_shared(batch, seq, kv_heads, repeats, dim, dtype):
+    q = heads(batch, seq, kv_heads * repeats, dim, 0, dtype)
+    k, v = (heads(batch, seq, kv_heads, dim, seed, dtype) for seed in (1, 2))  # strided: views of projections
+    check(gqa(repeats), q, k, v)
+    assert ember.metrics.pass_rewrites["grouped_query_attention"] == 1
+    assert ember.metrics.kernels_generated == 0  # no copies of k and v
+
+
+def test_repeated_heads_with_masks():
+    q, k, v = heads(2, 20, 8, 16, 0), heads(2, 20, 2, 16, 1), heads(2, 20, 2, 16, 2)
+    mask = data((2, 1, 20, 20), seed=3, spread=1.0)
+    check(gqa(4), q, k, v, mask)
+    assert ember.metrics.pass_rewrites["grouped_query_attention"] == 1
+    check(gqa(4, causal=True), q, k.contiguous(), v)
+    assert ember.metrics.pass_rewrites["grouped_query_attention"] == 2  # counted over both graphs
+
+
+def tiled_heads(q, k, v):
+    """k's heads repeated in turn (head h reads kv head h % Hkv), not each in a row: not GQA's order."""
+    return F.scaled_dot_product_attention(q, k.repeat(1, 4, 1, 1), v.repeat(1, 4, 1, 1))
+
+
+def repeated_key_read_twice(q, k, v):
+    keys = repeat_kv(k, 4)
+    return F.scaled_dot_product_attention(q, keys, repeat_kv(v, 4)), keys.sum()
+
+
+@pytest.mark.parametrize("fn", [tiled_heads, repeated_key_read_twice])
+def test_other_repeats_are_left_alone(fn):
+    q, k, v = heads(2, 16, 8, 8, 0), heads(2, 16, 2, 8, 1), heads(2, 16, 2, 8, 2)
+    check(fn, q, k, v)
+    assert ember.metrics.pass_rewrites["grouped_query_attention"] == 0
+
+
+def test_training_keeps_the_repeated_heads():
+    q, k, v = (heads(2, 16, h, 8, seed).detach().requires_grad_() for seed, h in ((0, 8), (1, 2), (2, 2)))
+    torch._dynamo.reset()
+    compiled = torch.compile(gqa(4), backend="ember", dynamic=False)
+    compiled(q, k, v).sum().backward()
+    reference = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    gqa(4)(*reference).sum().backward()
+    for got, want in zip((q.grad, k.grad, v.grad), reference):
+        torch.testing.assert_close(got.double(), want.grad, rtol=1.3e-5, atol=1e-5)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from ember.codegen.block_lowering import lower_blocks
 from ember.codegen.blocks import BlockPlan
+from ember.codegen.float_sums import float_partial_sums
 from ember.codegen.lanes import MAX_LANES, innermost_loop, lane_copy, lane_range
 from ember.codegen.low_precision import pm_low_precision
 from ember.codegen.primitives import primitive_ops
@@ -86,6 +87,8 @@ def loop_steps(max_lanes: int = MAX_LANES) -> list[Step]:
     up to `max_lanes`; 0: scalar ones only), independent accumulators sharing loops."""
     return [
         Step("tile_loops", tile_loops, Stage.EARLY),  # Note: 2-D tiles
+        # Note: float32 sums in blocks
+        Step("float_partial_sums", lambda s: float_partial_sums(s, max_lanes), Stage.EARLY),
         Step("lower_reduce", lambda s: lower_reductions(s, max_lanes), Stage.LOWERED),
         Step("share_reduce_loops", share_reduce_loops, Stage.LOWERED),
     ]

@@ -17,12 +17,16 @@ Note: shared reduce loops
            nests). Each keeps its own accumulator and its own reduction clause.
 
     An accumulator whose value holds a nested reduction, and scans (whose loops carry a
-    running value), keep their own loops. `reduce_loop_count` counts the reduce loops a
-    program opens (`ember.metrics.reduce_loops`).
+    running value), keep their own loops; but double sums of float32 block sums (Note: float32
+    sums in blocks, codegen/float_sums.py) share their block loop, and then, declared in one
+    scope, their blocks' sums share the inner loop (the rewrite repeats until nothing is
+    shared). `reduce_loop_count` counts the reduce loops a program opens
+    (`ember.metrics.reduce_loops`).
 """
 
 from __future__ import annotations
 
+from ember.uop.dtypes import dtypes
 from ember.uop.ops import Ops, UOp, substitute
 
 # ---- early: identical reductions are one ---------------------------------------------
@@ -58,23 +62,32 @@ def _identical_reductions(reduces: list[UOp]) -> dict[UOp, UOp]:
 
 def share_reduce_loops(sink: UOp) -> UOp:
     """Give ACC_UPDATEs of one scope and one loop shape, none reading another, the same
-    reduce ranges (Note: shared reduce loops)."""
+    reduce ranges (Note: shared reduce loops). Repeats until nothing is shared: accumulators
+    nested in loops that now are one are declared in one scope, and may share theirs."""
+    while True:
+        mapping = _shared_loop_ranges(sink)
+        if not mapping:
+            return sink
+        sink = substitute(sink, mapping)
+
+
+def _shared_loop_ranges(sink: UOp) -> dict[UOp, UOp]:
     scans = {u.src[0] for u in sink.toposort if u.op is Ops.ACC_RUNNING}
     clusters: dict[tuple, list[list[UOp]]] = {}
     mapping: dict[UOp, UOp] = {}
     for update in (u for u in sink.toposort if u.op is Ops.ACC_UPDATE and u.src[0] not in scans):
-        if _holds_nested_reduction(update):
+        if _holds_nested_reduction(update) and not _nests_blocks(update):
             continue
         acc = update.src[0]
         key = (acc.src, acc.arg.lanes, tuple(r.src[0] for r in loop_ranges(update)))
         for cluster in clusters.setdefault(key, []):
             if all(_independent(update, member) for member in cluster):
-                mapping.update(zip(loop_ranges(update), loop_ranges(cluster[0])))
+                mapping.update((r, s) for r, s in zip(loop_ranges(update), loop_ranges(cluster[0])) if r is not s)
                 cluster.append(update)
                 break
         else:
             clusters[key].append([update])
-    return substitute(sink, mapping) if mapping else sink
+    return mapping
 
 
 def loop_ranges(update: UOp) -> list[UOp]:
@@ -82,10 +95,23 @@ def loop_ranges(update: UOp) -> list[UOp]:
     return sorted(update.src[2:], key=lambda r: r.arg.nesting)
 
 
+def _nested_accumulators(update: UOp) -> list[UOp]:
+    """The accumulators declared inside this update's loops."""
+    walked = set(loop_ranges(update))
+    return [u for u in update.src[1].toposort if u.op is Ops.DEFINE_ACC and not walked.isdisjoint(u.ranges)]
+
+
 def _holds_nested_reduction(update: UOp) -> bool:
     """An accumulator declared inside this update's loops: its loop nest stays its own."""
-    walked = set(loop_ranges(update))
-    return any(u.op is Ops.DEFINE_ACC and not walked.isdisjoint(u.ranges) for u in update.src[1].toposort)
+    return bool(_nested_accumulators(update))
+
+
+def _nests_blocks(update: UOp) -> bool:
+    """A double sum of float32 block sums (Note: float32 sums in blocks, codegen/float_sums.py):
+    two over one tensor's blocks walk them once, each block's sums sharing the inner loop."""
+    acc, nested = update.src[0], _nested_accumulators(update)
+    return (acc.dtype is dtypes.float64 and acc.arg.combine is Ops.ADD
+            and all(n.dtype is dtypes.float32 and n.arg.combine is Ops.ADD for n in nested))  # fmt: skip
 
 
 def _independent(a: UOp, b: UOp) -> bool:

@@ -6,6 +6,8 @@ compile runs the original eagerly); lowering sees the result. The steps, in orde
   pre_passes     the user's callables (config), each given the torch.fx.Graph
   noops          x+0, x*1, same-dtype conversions, views that end where they began (noops.py)
   attention      softmax(q @ k^T * c) @ v written out -> one flash-attention call (attention.py)
+  grouped_query_attention
+                 flash attention over k/v heads repeated for GQA reads the shared heads (attention.py)
   cse            equal pure calls (a per-layer copy of one attention bias) -> one call (cse.py);
                  after attention, whose patterns ask for values with one reader
   channels_last  2-d convolutions read NHWC activations (layout.py)
@@ -48,6 +50,7 @@ def run_passes(gm: torch.fx.GraphModule, config: Config) -> tuple[torch.fx.Graph
     if config.passes:
         rewrites["noops"] += noops.remove_noops(graph)
         rewrites["attention"] += attention.pm_flash_attention.apply(graph)
+        rewrites["grouped_query_attention"] += attention.pm_grouped_query_attention.apply(graph)
         rewrites["cse"] += cse.eliminate_common_subexpressions(graph)
         if config.conv_channels_last:
             rewrites["channels_last"] += layout.channels_last_convolutions(graph)

@@ -174,6 +174,62 @@ def _reader_of(node: torch.fx.Node) -> torch.fx.Node:
     return next(iter(node.users))
 
 
+# Note: grouped-query attention reads its shared heads
+# LLaMA-style attention (GQA) gives each of Hkv key/value heads to R query heads: repeat_kv
+# copies k and v R times into [B, Hkv*R, L, E] (unsqueeze, expand, clone, view), query head h
+# reading kv head h // R. The CPU flash-attention kernel maps query heads to fewer key/value
+# heads itself, in that same order (head h reads kv head h // (H / Hkv)), so it is given k and v
+# as they were: no copy, and each kv head is read from memory once per R query heads (LLaMA's
+# 2 kv heads for 8 query heads: the copies wrote 4x the keys and values each layer).
+
+
+def unrepeated_heads(kv: Any, reader: torch.fx.Node) -> tuple[torch.fx.Node, int] | None:
+    """(x, R) where `kv`, read only by `reader`, is x's heads each repeated R times in a row
+    (view(clone(expand(unsqueeze(x, 2), [B, Hkv, R, L, E])), [B, Hkv*R, L, E]); no clone where
+    the view can broadcast, Hkv = 1), or None."""
+    if not (_is_call(kv, *BACK_TO_4D, aten.reshape.default) and _sole_reader(kv, reader)):
+        return None
+    expanded, copy = kv.args[0], kv
+    if _is_call(expanded, aten.clone.default) and _sole_reader(expanded, kv):
+        expanded, copy = expanded.args[0], expanded
+    if not (_is_call(expanded, aten.expand.default) and _sole_reader(expanded, copy)):
+        return None
+    unsqueezed = expanded.args[0]
+    if not (_is_call(unsqueezed, aten.unsqueeze.default) and unsqueezed.args[1] == 2):
+        return None
+    source, repeated, flat = (_value(n) for n in (unsqueezed.args[0], expanded, kv))
+    if source is None or repeated is None or flat is None or source.dim() != 4 or repeated.dim() != 5:
+        return None
+    batch, kv_heads, length, dim = source.shape
+    repeats = repeated.shape[2]
+    if tuple(repeated.shape) != (batch, kv_heads, repeats, length, dim):
+        return None
+    if tuple(flat.shape) != (batch, kv_heads * repeats, length, dim):
+        return None
+    return unsqueezed.args[0], repeats
+
+
+def grouped_query_attention(graph: torch.fx.Graph, node: torch.fx.Node, query: Any, key: Any, value: Any
+                            ) -> torch.fx.Node | None:  # fmt: skip
+    """The rule: flash attention over repeated k and v heads reads the shared heads (Note:
+    grouped-query attention reads its shared heads)."""
+    keys, values = unrepeated_heads(key, node), unrepeated_heads(value, node)
+    if keys is None or values is None or keys[1] != values[1] or key is value:
+        return None
+    queries, repeated = _value(query), _value(key)
+    if queries is None or repeated is None or tuple(queries.shape[:2]) != tuple(repeated.shape[:2]):
+        return None  # the kernel's head mapping needs one query head per repeated head
+    args = (query, keys[0], values[0], *node.args[3:])
+    return meta.call(graph, aten._scaled_dot_product_flash_attention_for_cpu.default, args, dict(node.kwargs))
+
+
+pm_grouped_query_attention = FxPatternMatcher([
+    # flash(Q, view(clone(expand(unsqueeze(K, 2)))), view(clone(expand(unsqueeze(V, 2))))) -> flash(Q, K, V)
+    (FxPat(aten._scaled_dot_product_flash_attention_for_cpu.default, FxPat.var("query"), FxPat.var("key"),
+           FxPat.var("value")), grouped_query_attention),
+])  # fmt: skip
+
+
 pm_flash_attention = FxPatternMatcher([
     # view(bmm(softmax(Q @ K^T * scale), V), 4-d) -> _scaled_dot_product_flash_attention_for_cpu(Q, K, V)[0]
     (FxPat(BACK_TO_4D, FxPat(aten.bmm.default, name="bmm", one_user=True), FxPat.var()), flash_attention),

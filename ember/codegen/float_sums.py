@@ -1,0 +1,125 @@
+"""Stage `codegen`, part of the C++ backend's `lower` phase: float32 sums added in float32 blocks.
+
+Takes the kernel AST after the early steps (REDUCEs still whole) and gives it with every float32
+sum that lowering accumulates in double (lower/reductions.py `accumulator`) summed in two levels.
+
+Note: float32 sums in blocks
+    A float32 sum accumulates in double so that a long sum stays exact enough (eager's CPU
+    kernels sum in float32, in a cascade). Converted element by element, each element costs a
+    float -> double conversion and a double add, at half the lanes of a float32 vector: x.sum()
+    of 16M floats took 2.70 ms of one core (eager's: 2.42), summed as below 2.45. So the sum is
+    taken in two levels: float32 partial sums over blocks of at
+    most BLOCK elements (the vectorized loop keeps one partial sum per lane, each adding
+    BLOCK / lanes elements in order), each block's sum converted once and added in double:
+
+        REDUCE_f64(CAST_f64(x), r)                ->  CAST_f64(REDUCE_f32(x, r))     r <= BLOCK
+      and for a sum of a whole tensor (no loop around it, as each part of x.sum()):
+        REDUCE_f64(CAST_f64(x), *outer, r)        ->  REDUCE_f64(CAST_f64(REDUCE_f32(x, r)), *outer)
+        REDUCE_f64(CAST_f64(x), *outer, r)        ->  REDUCE_f64(CAST_f64(REDUCE_f32(x[o*b+i], i)), *outer, o)
+                                                      (r longer than BLOCK: b a divisor of its extent)
+
+    A row (a sum per output: layer norm's, softmax's) is one block up to ROW_BLOCK elements, and
+    longer rows stay in double: in blocks, their loops could no longer be shared with the row's
+    other statistics (amax, a count: Note: shared reduce loops), which would read the row twice.
+    The bias that identical blocks add up (0.1 summed 4M times) bounds the whole-tensor BLOCK.
+
+    A whole tensor's sum comes in parts (Note: a long sum in parts, lower/reductions.py): the
+    parts' double sums of blocks share their block loop and their blocks' float32 sums the inner
+    loop (Note: shared reduce loops), so the parts' chains of vector adds still run side by side.
+    (Two or four float32 chains per block besides, each over a part of the block, made that sum
+    slower than one: with blocks of 1024, 2.71 and 2.85 ms against 2.53.)
+
+    The error of a float32 block sum grows with the elements each lane adds in order, at most
+    BLOCK / 16 with AVX-512 vectors (BLOCK in a scalar loop): bounded, whatever the length of the
+    whole sum, and within eager's float32 cascade on the tests' adversarial inputs
+    (tests/test_float_sums.py). Reductions that keep lane accumulators (Note: lane accumulators)
+    already add whole vectors per element and keep their double arrays. A sum that another
+    reduction reads keeps its double too: a variance's mean must be exact for a row of equal
+    values (the deviations are 0 and group norm gives the bias, as eager's Welford), which float32
+    block sums of 100.3 are not. A sum whose innermost extent is short (fewer than MIN_BLOCK
+    elements) or not static keeps its double accumulator.
+    C++ only: Triton's reductions are blocks already.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from ember.codegen.lanes import innermost_loop, lane_range
+from ember.uop.dtypes import dtypes
+from ember.uop.ops import Ops, RangeKind, UOp, substitute
+from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
+
+BLOCK = 256  # the most elements one float32 partial sum of a whole tensor covers (1024: 4x eager's error)
+ROW_BLOCK = 1024  # the most elements of a row (a sum per output) summed in float32
+MIN_BLOCK = 64  # shorter inner extents: a conversion per few elements gains little
+
+
+@dataclass(frozen=True)
+class BlockContext:
+    orders: itertools.count  # fresh reduce-range orders, past every range of the kernel
+    innermost_loop: UOp | None
+    max_lanes: int
+    read_by_reductions: frozenset[UOp]  # REDUCEs another REDUCE's value reads: they stay in double
+
+
+def float_partial_sums(sink: UOp, max_lanes: int) -> UOp:
+    """`sink` with its float32 sums in double summed in float32 blocks (Note: float32 sums in blocks)."""
+    reduce_orders = [u.arg.order for u in sink.toposort if u.op is Ops.RANGE and u.arg.reduce]
+    start = max(reduce_orders, default=0) + 1
+    reduces = [u for u in sink.toposort if u.op is Ops.REDUCE]
+    read = frozenset(v for red in reduces for v in red.src[0].toposort if v.op is Ops.REDUCE)
+    ctx = BlockContext(itertools.count(start), innermost_loop(sink), max_lanes, read)
+    return graph_rewrite(sink, pm_float_partial_sums, ctx=ctx)
+
+
+def _block_sum(ctx: BlockContext, red: UOp) -> UOp | None:
+    """A float32 sum in double -> float32 block sums added in double, or None to leave it."""
+    value, ranges = red.src[0], red.src[1:]
+    if value.op is not Ops.CAST or value.src[0].dtype is not dtypes.float32 or value.src[0].op is Ops.REDUCE:
+        return None  # not a float32 sum in double, or already in blocks
+    if red in ctx.read_by_reductions:
+        return None  # a variance's mean: exact for a row of equal values, so their deviations are 0
+    if lane_range(red, ctx.innermost_loop, ctx.max_lanes) is not None:
+        return None
+    extents = [n for n in (r.src[0].static_size for r in ranges) if n is not None]
+    if len(extents) < len(ranges) or any(r.arg.kind is not RangeKind.REDUCE for r in ranges):
+        return None
+    x = value.src[0]
+    if math.prod(extents) <= (ROW_BLOCK if red.ranges else BLOCK):  # one block: in float32, converted once
+        return UOp(Ops.REDUCE, dtypes.float32, (x, *ranges), Ops.ADD).cast(dtypes.float64)
+    if red.ranges:
+        return None  # a long row: blocks would keep it from sharing a loop with its row's other statistics
+    inner = max(ranges, key=lambda r: r.arg.nesting)
+    outer = [r for r in ranges if r is not inner]
+    extent = inner.src[0].static_size
+    assert extent is not None
+    if MIN_BLOCK <= extent <= BLOCK:  # the innermost loop is one block
+        block = UOp(Ops.REDUCE, dtypes.float32, (x, inner), Ops.ADD).cast(dtypes.float64)
+        return UOp(Ops.REDUCE, dtypes.float64, (block, *outer), Ops.ADD)
+    size = _block_size(extent)
+    if size is None:
+        return None
+    blocks = UOp.range(extent // size, next(ctx.orders), RangeKind.REDUCE)
+    within = UOp.range(size, next(ctx.orders), RangeKind.REDUCE)
+    element = substitute(x, {inner: blocks * size + within})
+    block = UOp(Ops.REDUCE, dtypes.float32, (element, within), Ops.ADD).cast(dtypes.float64)
+    return UOp(Ops.REDUCE, dtypes.float64, (block, *outer, blocks), Ops.ADD)
+
+
+def _block_size(extent: int) -> int | None:
+    """The largest divisor of `extent` from BLOCK / 4 to BLOCK, if any."""
+    for size in range(BLOCK, BLOCK // 4 - 1, -1):
+        if extent % size == 0:
+            return size
+    return None
+
+
+pm_float_partial_sums = PatternMatcher(
+    [
+        # REDUCE_f64(CAST_f64(x_f32), *r, ADD) -> float32 block sums added in double
+        (UPat(Ops.REDUCE, dtypes.float64, arg=Ops.ADD, name="red"), _block_sum),
+    ]
+)
