@@ -106,3 +106,16 @@ def test_a_sum_shifted_by_another_rows_maximum_keeps_two_walks(monkeypatch):
     x, y = special_rows(37), special_rows(37).flip(-1)
     check_lowered({"shifted": lambda x, y: (y - x.amax(-1, keepdim=True)).exp().sum(-1)}, x[[0, 7, 10]], y[[0, 7, 10]])
     assert ember.metrics.reduce_loops == 2
+
+
+def test_float32_lane_sums_keep_long_rows_within_a_rounding(monkeypatch, maximum):
+    """Each lane's running sum is float32 (Note: a row's exponential sum in one pass): in chunks of
+    8, a lane of a 4096-wide row adds 512 terms. Equal values, a ramp whose maximum moves at every
+    chunk (a rescale each time) and random rows stay within float32 roundings of float64 eager."""
+    force_launch(monkeypatch, "looped", 2, 8)
+    torch.manual_seed(0)
+    width = 4096
+    x = torch.stack([torch.ones(width), torch.arange(width) * 1e-3, torch.randn(width) * 4, torch.rand(width) - 20])
+    got = ember.compile(lambda x: torch.logsumexp(x, -1))(x)
+    want = torch.logsumexp(x.double(), -1)
+    torch.testing.assert_close(got.double(), want, rtol=4e-7, atol=0.0)

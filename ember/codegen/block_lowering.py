@@ -45,7 +45,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ember.codegen.blocks import BlockPlan, elements
-from ember.codegen.online_softmax import ExpSum, exp_sum_of_max, lane_total, online_update, row_total
+from ember.codegen.online_softmax import (
+    ExpSum,
+    exp_sum_of_max,
+    lane_sum_dtype,
+    lane_total,
+    online_update,
+    row_total,
+    summed_as,
+)
 from ember.uop.dtypes import DType, dtypes
 from ember.uop.ops import (
     AccArg,
@@ -329,12 +337,14 @@ class _BlockLowering:
         """Note: a row's exponential sum in one pass: each lane's sum, relative to the row's or its own
         maximum, updated in the maximum's loop, then folded and scaled to the row's `shift`."""
         maximum, phase = self.online_maxima[found.maximum], self.phases[red]
-        acc = self.accumulator(red.dtype, Ops.ADD, phase, AccBlock.TILE)
+        lane = lane_sum_dtype(red.dtype, found)
+        acc = self.accumulator(lane, Ops.ADD, phase, AccBlock.TILE)
         assert phase.loop is not None
-        prior = UOp(Ops.ACC_PRIOR, red.dtype, (acc, phase.loop))
-        value = online_update(found, maximum.prior, maximum.after, prior, maximum.element)
-        update = UOp(Ops.ACC_UPDATE, red.dtype, (acc, value, phase.loop), AccUpdate.REPLACE)
-        lanes = UOp(Ops.ACC_READ, red.dtype, (acc, update))
+        prior = UOp(Ops.ACC_PRIOR, lane, (acc, phase.loop))
+        value = online_update(summed_as(found, lane), maximum.prior, maximum.after, prior, maximum.element)
+        update = UOp(Ops.ACC_UPDATE, lane, (acc, value, phase.loop), AccUpdate.REPLACE)
+        lanes = UOp(Ops.ACC_READ, lane, (acc, update))
+        lanes = lanes if lane is red.dtype else lanes.cast(red.dtype)
         if maximum.per_row:
             total = UOp(Ops.BLOCK_REDUCE, red.dtype, (lanes,), BlockReduceArg(Ops.ADD, BlockAxis.R))
             return row_total(found, total, maximum.final, shift)
