@@ -104,12 +104,18 @@ def _compile_graph(
             f.write(summary.explanation)
     _record(summary, timings)
     _log_summary(summary, role, key)
-    if config.cuda_graphs and graph_device(gm, example_inputs).type == "cuda":
+    if config.cuda_graphs and launches_work(summary) and graph_device(gm, example_inputs).type == "cuda":
         runner = CudaGraphRunner(call, frozenset(summary.mutated_inputs), f"{role} {key[:8]}", visible_outputs(role))
         if summary.collectives:  # a wait is a host-side wait on the process group's work: not replayable
             runner.refuse("it holds collectives (Note: collectives in the graph, schedule/collectives.py)")
         call = runner
     return call
+
+
+def launches_work(summary: graph_cache.GraphSummary) -> bool:
+    """Whether a call of the graph launches anything a CUDA graph could replay: a graph of views and
+    aliases alone would record an empty graph (torch warns that it was captured on the wrong stream)."""
+    return summary.kernels + summary.extern_calls > 0
 
 
 def visible_outputs(role: str) -> int | None:

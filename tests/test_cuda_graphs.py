@@ -352,3 +352,21 @@ def test_gradients_kept_across_steps_stay_right_and_are_copied_from_then_on(keep
     for got, expected in zip(kept, want):
         for g, w in zip(got, expected):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_only_graphs_that_launch_work_are_recorded():
+    from ember.compile_graph import launches_work
+    from ember.runtime.graph_cache import GraphSummary
+
+    assert not launches_work(GraphSummary())  # views and aliases alone: nothing to replay
+    assert launches_work(GraphSummary(kernels=1)) and launches_work(GraphSummary(extern_calls=2))
+
+
+@cuda
+def test_a_graph_of_views_runs_without_a_recording():
+    f = compiled(lambda x: (x.t()[1:], x.view(-1)))
+    for _ in range(3):
+        x = torch.randn(4, 6, device="cuda")
+        a, b = f(x)
+        assert torch.equal(a, x.t()[1:]) and torch.equal(b, x.view(-1))
+    assert metrics.cuda_graphs_recorded == 0 and metrics.cuda_graph_refusals == 0
