@@ -166,16 +166,17 @@ def _can_overwrite(victim: Buffer, out: Buffer) -> bool:
         return False
     if victim.kind == "computed":  # allocated by the wrapper: its storage is exactly its layout's
         return same_sizes((victim.layout.storage_size,), (out.layout.storage_size,))
-    if victim.kind == "input" and victim.layout == out.layout:  # donated (Note: donated inputs)
-        return _is_dense(victim.layout)
-    # a donated input or an aten result may be a view into a larger storage: only the very same
-    # elements, which a dense layout of as many elements from its first one are (the wrapper's
-    # reinterpret counts from the tensor's first element). A saved (256, V) logits tensor and its
-    # (2, 128, V) gradient are such a pair; which element each reads is _unsafe_reads' question.
+    # a donated input (Note: donated inputs) or an aten result may be a view into a larger
+    # storage: only the very same elements, which a dense layout of as many elements from its
+    # first one are (the wrapper's reinterpret counts from the tensor's first element). A saved
+    # (256, V) logits tensor and its (2, 128, V) gradient are such a pair; which element each
+    # reads is _unsafe_reads' question. An aten result's own layout is its elements, dense or not.
     if victim.kind not in ("input", "extern"):
         return False
-    return victim.layout == out.layout or (_is_dense(victim.layout) and _is_dense(out.layout)
-                                           and same_sizes((victim.layout.numel,), (out.layout.numel,)))  # fmt: skip
+    if victim.kind == "extern" and victim.layout == out.layout:
+        return True
+    return (_is_dense(victim.layout) and _is_dense(out.layout)
+            and same_sizes((victim.layout.numel,), (out.layout.numel,)))  # fmt: skip
 
 
 def _is_dense(layout: Layout) -> bool:

@@ -52,13 +52,16 @@ def symbolic_view(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue) -> 
     if read is None:
         return None
     name, layout = read
-    # a size-1 dim's stride is arbitrary; a symbolic size is never 1 (dynamo specializes 0 and 1)
-    moving = [i for i, n in enumerate(base.shape) if not (type(n) is int and n == 1)]
-    if not same_sizes(tuple(layout.stride[i] for i in moving), tuple(base.stride()[i] for i in moving)):
-        return None
-    if not same_sizes((out.storage_offset(),), (base.storage_offset(),)):
+    if not strides_of_eager(layout.stride, base) or not same_sizes((out.storage_offset(),), (base.storage_offset(),)):
         return None
     return load(ctx.buffers[name], Layout(tuple(out.shape), tuple(out.stride()), layout.offset))
+
+
+def strides_of_eager(strides: tuple, meta: torch.Tensor) -> bool:
+    """Whether `strides` are eager's for `meta` where they matter: a dim of size 0 or 1 takes any
+    stride (a symbolic size is neither: dynamo specializes 0 and 1)."""
+    moving = [i for i, n in enumerate(meta.shape) if not (type(n) is int and n <= 1)]
+    return same_sizes(tuple(strides[i] for i in moving), tuple(meta.stride()[i] for i in moving))
 
 
 @register(aten.permute.default)
@@ -126,9 +129,7 @@ def lower_as_strided(ctx: LoweringContext, node, x: TensorValue, size, stride, s
     if not isinstance(base_meta, torch.Tensor) or not base_meta.is_contiguous():
         raise Unsupported("as_strided of a non-contiguous input")
     ref = ctx.realize(x, node.name)
-    # a size-1 dim's stride is arbitrary: only the others must match eager's
-    strides_differ = any(a != b for a, b, n in zip(ref.layout.stride, base_meta.stride(), base_meta.shape) if n > 1)
-    if strides_differ or ref.layout.offset != 0:
+    if not strides_of_eager(ref.layout.stride, base_meta) or ref.layout.offset != 0:
         raise Unsupported("as_strided of a value whose storage differs from eager's")
     offset = (storage_offset if storage_offset is not None else base_meta.storage_offset()) - base_meta.storage_offset()
     return load(ctx.buffers[ref.name], Layout(tuple(size), tuple(stride), offset))

@@ -136,6 +136,7 @@ class _Recording:
     error_checks: list = field(default_factory=list)  # (GpuErrorFlags, errors, deferred) recorded in it
     seeds: list = field(default_factory=list)  # its random seeds' device buffers, drawn afresh per replay
     lent: list[int] = field(default_factory=list)  # storages its last replay lent out (Note: outputs lent or copied)
+    held: list[int] = field(init=False)  # storages each replay lends out (the others' outputs are copied)
     done: torch.cuda.Event | None = None  # recorded after its last replay
     copy_out: _CopyOut | None = None  # how its small outputs are copied out (Note: one copy per replay)
     device: torch.device = torch.device("cuda")  # the device it was recorded on (current then)
@@ -143,6 +144,7 @@ class _Recording:
     def __post_init__(self) -> None:  # `addresses` split for a quick `matches`, the per-call test
         self._tensors = [(i, *placed) for i, placed in self.addresses.items() if placed[0] != "value"]
         self._values = [(i, placed) for i, placed in self.addresses.items() if placed[0] == "value"]
+        self.held = _lent_storages(self.outputs)
 
     def matches(self, args: list) -> bool:
         for i, pointer, shape, stride in self._tensors:
@@ -164,6 +166,7 @@ class _Recording:
         for o in self.outputs:
             if o.kind == "held" and o.index in kept:
                 o.kind = "copied"
+        self.held = _lent_storages(self.outputs)  # (`lent` keeps the last replay's, still out)
         self.copy_out = _CopyOut.plan(self.storages, self.outputs)
         _lay_out(self.outputs, self.copy_out)
 
@@ -314,8 +317,7 @@ class CudaGraphRunner:
         recording.copy_out = _CopyOut.plan(storages, rebuilt)
         _lay_out(rebuilt, recording.copy_out)
         recording.device = torch.device("cuda", torch.cuda.current_device())
-        held = {o.index for o in rebuilt if o.kind == "held"}
-        weakref.finalize(recording, _release_outputs, _hold_outputs([storages[i] for i in sorted(held)]))
+        weakref.finalize(recording, _release_outputs, _hold_outputs([storages[i] for i in recording.held]))
         return recording
 
     def _replay(self, recording: _Recording, args: list) -> list:
@@ -330,13 +332,17 @@ class CudaGraphRunner:
             seed.fill_(draw_seed())
         recording.graph.replay()
         outputs = _rebuild_outputs(recording, args)
-        recording.lent = sorted({o.index for o in recording.outputs if o.kind == "held"})
+        recording.lent = recording.held
         recording.done.record(stream)
         metrics.add(cuda_graph_replays=1)
         for flags, errors, deferred in recording.error_checks:
             flags.check(errors, deferred)
         args.clear()
         return outputs
+
+
+def _lent_storages(outputs: list[_Output]) -> list[int]:
+    return sorted({o.index for o in outputs if o.kind == "held"})
 
 
 def _blocked_only_by(held: set[int], copied: set[int]) -> bool:
