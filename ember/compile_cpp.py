@@ -33,6 +33,7 @@ from ember.runtime.cpu import (
     CompiledKernel,
     batchable,
     compile_cpp_batch,
+    float_lanes,
     random_draws,
     simd_math_functions,
     source_flags,
@@ -137,7 +138,7 @@ def codegen_horizontal(
         sink = number_ranges(part.sink)
         key = ("horizontal part", sink, part.outputs)
         if key not in generated:
-            lowered = full_rewrite(sink, check=config.check_ir)
+            lowered = full_rewrite(sink, check=config.check_ir, float_lanes=float_lanes())
             generated[key] = (lowered.key, linearize(lowered))  # type: ignore[assignment]
         lowered_key, program = generated[key]  # type: ignore[misc]
         parts.append((lowered_key, program, rename))
@@ -159,7 +160,7 @@ def _generate(sink: UOp, ast: KernelAST, config: Config, timings: dict[str, floa
     that compute the same thing have one AST; everything after it (the rewrite phases, the
     linearizer, the renderer, the search plan) is a function of that AST and the config, and
     runs once per distinct AST of a graph; gcc sees each distinct source once (KernelBuilder)."""
-    lowered = full_rewrite(sink, check=config.check_ir)
+    lowered = full_rewrite(sink, check=config.check_ir, float_lanes=float_lanes())
     program = linearize(lowered)
     name = f"kernel_{lowered.key[:16]}"
     start = time.perf_counter()

@@ -21,7 +21,8 @@ Note: float32 sums in blocks
     A row (a sum per output: layer norm's, softmax's) is one block up to ROW_BLOCK elements, and
     longer rows stay in double: in blocks, their loops could no longer be shared with the row's
     other statistics (amax, a count: Note: shared reduce loops), which would read the row twice.
-    The bias that identical blocks add up (0.1 summed 4M times) bounds the whole-tensor BLOCK.
+    The bias that identical blocks add up (0.1 summed 4M times) bounds the whole-tensor BLOCK
+    (256 elements with AVX-512; below).
 
     A whole tensor's sum comes in parts (Note: a long sum in parts, lower/reductions.py): the
     parts' double sums of blocks share their block loop and their blocks' float32 sums the inner
@@ -29,11 +30,16 @@ Note: float32 sums in blocks
     (Two or four float32 chains per block besides, each over a part of the block, made that sum
     slower than one: with blocks of 1024, 2.71 and 2.85 ms against 2.53.)
 
-    The error of a float32 block sum grows with the elements each lane adds in order, at most
-    BLOCK / 16 with AVX-512 vectors (BLOCK in a scalar loop): bounded, whatever the length of the
-    whole sum, and within eager's float32 cascade on the tests' adversarial inputs
-    (tests/test_float_sums.py). Reductions that keep lane accumulators (Note: lane accumulators)
-    already add whole vectors per element and keep their double arrays. A sum that another
+    The error of a float32 block sum grows with the elements each lane adds in order: bounded,
+    whatever the length of the whole sum. So the blocks are as long as the host's float32 vectors
+    have lanes (`float_lanes`: 16 with AVX-512, 8 with AVX2, 4 with SSE or NEON) times
+    ELEMENTS_PER_LANE, and each lane adds the same few elements on every host: within eager's
+    float32 cascade on the tests' adversarial inputs (tests/test_float_sums.py). One length for
+    all hosts did not hold: blocks of 256 on an AVX2 host (32 elements a lane) summed 0.1 4M times
+    with twice eager's error. A loop gcc leaves scalar adds a whole block in order.
+
+    Reductions that keep lane accumulators (Note: lane accumulators) already add whole vectors
+    per element and keep their double arrays. A sum that another
     reduction reads keeps its double too: a variance's mean must be exact for a row of equal
     values (the deviations are 0 and group norm gives the bias, as eager's Welford), which float32
     block sums of 100.3 are not. A sum whose innermost extent is short (fewer than MIN_BLOCK
@@ -52,9 +58,10 @@ from ember.uop.dtypes import dtypes
 from ember.uop.ops import Ops, RangeKind, UOp, substitute
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
-BLOCK = 256  # the most elements one float32 partial sum of a whole tensor covers (1024: 4x eager's error)
-ROW_BLOCK = 1024  # the most elements of a row (a sum per output) summed in float32
+ELEMENTS_PER_LANE = 16  # in a whole tensor's block: 256 elements with AVX-512 (1024: 4x eager's error)
+ROW_ELEMENTS_PER_LANE = 64  # in a row (a sum per output) summed in float32: 1024 elements with AVX-512
 MIN_BLOCK = 64  # shorter inner extents: a conversion per few elements gains little
+AVX512_LANES = 16
 
 
 @dataclass(frozen=True)
@@ -63,15 +70,24 @@ class BlockContext:
     innermost_loop: UOp | None
     max_lanes: int
     read_by_reductions: frozenset[UOp]  # REDUCEs another REDUCE's value reads: they stay in double
+    block: int  # the most elements of a whole tensor's float32 partial sum
+    row_block: int  # the most elements of a row summed in float32
 
 
-def float_partial_sums(sink: UOp, max_lanes: int) -> UOp:
-    """`sink` with its float32 sums in double summed in float32 blocks (Note: float32 sums in blocks)."""
+def block_lengths(float_lanes: int) -> tuple[int, int]:
+    """The most elements of a whole tensor's float32 block, and of a row's, on a host whose
+    vectors hold `float_lanes` float32s."""
+    return max(MIN_BLOCK, ELEMENTS_PER_LANE * float_lanes), max(MIN_BLOCK, ROW_ELEMENTS_PER_LANE * float_lanes)
+
+
+def float_partial_sums(sink: UOp, max_lanes: int, float_lanes: int = AVX512_LANES) -> UOp:
+    """`sink` with its float32 sums in double summed in float32 blocks (Note: float32 sums in blocks);
+    `float_lanes`: the float32 lanes of the host's vectors."""
     reduce_orders = [u.arg.order for u in sink.toposort if u.op is Ops.RANGE and u.arg.reduce]
     start = max(reduce_orders, default=0) + 1
     reduces = [u for u in sink.toposort if u.op is Ops.REDUCE]
     read = frozenset(v for red in reduces for v in red.src[0].toposort if v.op is Ops.REDUCE)
-    ctx = BlockContext(itertools.count(start), innermost_loop(sink), max_lanes, read)
+    ctx = BlockContext(itertools.count(start), innermost_loop(sink), max_lanes, read, *block_lengths(float_lanes))
     return graph_rewrite(sink, pm_float_partial_sums, ctx=ctx)
 
 
@@ -88,7 +104,7 @@ def _block_sum(ctx: BlockContext, red: UOp) -> UOp | None:
     if len(extents) < len(ranges) or any(r.arg.kind is not RangeKind.REDUCE for r in ranges):
         return None
     x = value.src[0]
-    if math.prod(extents) <= (ROW_BLOCK if red.ranges else BLOCK):  # one block: in float32, converted once
+    if math.prod(extents) <= (ctx.row_block if red.ranges else ctx.block):  # one block: in float32, converted once
         return UOp(Ops.REDUCE, dtypes.float32, (x, *ranges), Ops.ADD).cast(dtypes.float64)
     if red.ranges:
         return None  # a long row: blocks would keep it from sharing a loop with its row's other statistics
@@ -96,10 +112,10 @@ def _block_sum(ctx: BlockContext, red: UOp) -> UOp | None:
     outer = [r for r in ranges if r is not inner]
     extent = inner.src[0].static_size
     assert extent is not None
-    if MIN_BLOCK <= extent <= BLOCK:  # the innermost loop is one block
+    if MIN_BLOCK <= extent <= ctx.block:  # the innermost loop is one block
         block = UOp(Ops.REDUCE, dtypes.float32, (x, inner), Ops.ADD).cast(dtypes.float64)
         return UOp(Ops.REDUCE, dtypes.float64, (block, *outer), Ops.ADD)
-    size = _block_size(extent)
+    size = _block_size(extent, ctx.block)
     if size is None:
         return None
     blocks = UOp.range(extent // size, next(ctx.orders), RangeKind.REDUCE)
@@ -109,9 +125,9 @@ def _block_sum(ctx: BlockContext, red: UOp) -> UOp | None:
     return UOp(Ops.REDUCE, dtypes.float64, (block, *outer, blocks), Ops.ADD)
 
 
-def _block_size(extent: int) -> int | None:
-    """The largest divisor of `extent` from BLOCK / 4 to BLOCK, if any."""
-    for size in range(BLOCK, BLOCK // 4 - 1, -1):
+def _block_size(extent: int, block: int) -> int | None:
+    """The largest divisor of `extent` from `block` / 4 to `block`, if any."""
+    for size in range(block, block // 4 - 1, -1):
         if extent % size == 0:
             return size
     return None

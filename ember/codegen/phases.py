@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from ember.codegen.block_lowering import lower_blocks
 from ember.codegen.blocks import BlockPlan
-from ember.codegen.float_sums import float_partial_sums
+from ember.codegen.float_sums import AVX512_LANES, float_partial_sums
 from ember.codegen.lanes import MAX_LANES, innermost_loop, lane_copy, lane_range
 from ember.codegen.low_precision import pm_low_precision
 from ember.codegen.primitives import primitive_ops
@@ -82,13 +82,13 @@ def early_steps() -> list[Step]:
     ]
 
 
-def loop_steps(max_lanes: int = MAX_LANES) -> list[Step]:
+def loop_steps(max_lanes: int = MAX_LANES, float_lanes: int = AVX512_LANES) -> list[Step]:
     """A loop backend's steps (C++): 2-D tiles, REDUCE and SCAN to accumulators (lane accumulators
     up to `max_lanes`; 0: scalar ones only), independent accumulators sharing loops."""
     return [
         Step("tile_loops", tile_loops, Stage.EARLY),  # Note: 2-D tiles
         # Note: float32 sums in blocks
-        Step("float_partial_sums", lambda s: float_partial_sums(s, max_lanes), Stage.EARLY),
+        Step("float_partial_sums", lambda s: float_partial_sums(s, max_lanes, float_lanes), Stage.EARLY),
         Step("lower_reduce", lambda s: lower_reductions(s, max_lanes), Stage.LOWERED),
         Step("share_reduce_loops", share_reduce_loops, Stage.LOWERED),
     ]
@@ -105,9 +105,11 @@ def late_steps(stage: Stage, native_bfloat16: bool = False) -> list[Step]:
     ]
 
 
-def full_rewrite(sink: UOp, max_lanes: int = MAX_LANES, check: bool = False) -> UOp:
-    """The C++ backend's steps: a kernel AST -> the lowered AST the linearizer takes."""
-    return run_steps(sink, early_steps() + loop_steps(max_lanes) + late_steps(Stage.LOWERED), check)
+def full_rewrite(sink: UOp, max_lanes: int = MAX_LANES, check: bool = False, float_lanes: int = AVX512_LANES) -> UOp:
+    """The C++ backend's steps: a kernel AST -> the lowered AST the linearizer takes. `float_lanes`:
+    the float32 lanes of the host's vectors (Note: float32 sums in blocks)."""
+    steps = early_steps() + loop_steps(max_lanes, float_lanes) + late_steps(Stage.LOWERED)
+    return run_steps(sink, steps, check)
 
 
 def block_rewrite(sink: UOp, check: bool = False, native_bfloat16: bool = False) -> UOp:

@@ -332,7 +332,16 @@ def _bind(library: ctypes.CDLL, symbol: str, num_params: int) -> ctypes._CFuncPt
     return fn
 
 
-# ---- what the host's C library can vectorize --------------------------------------------
+# ---- what the host's vectors and C library hold ------------------------------------------
+
+
+@functools.cache
+def float_lanes() -> int:
+    """float32 lanes of the vectors kernels are built for (-march=native, 512 bits preferred with
+    AVX-512): 16 with AVX-512, 8 with AVX, else 4 (SSE, NEON) (Note: float32 sums in blocks)."""
+    flags = cache_identity.cpu_info()[1]
+    return 16 if "avx512f" in flags else 8 if "avx" in flags else 4
+
 
 SIMD_MATH_CANDIDATES = {
     "exp": 1, "log": 1, "sin": 1, "cos": 1, "tan": 1, "asin": 1, "acos": 1, "atan": 1, "sinh": 1, "cosh": 1,
