@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
-from helpers import check, compile_fn
 
 from benchmarks.vector_math import bit_patterns, ulp_error
 from ember.renderer.vector_math import MAX_ULP
+from tests.helpers import check, compile_fn
 
 
 @pytest.mark.parametrize("name", list(MAX_ULP))
