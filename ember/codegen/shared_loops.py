@@ -76,7 +76,7 @@ def _shared_loop_ranges(sink: UOp) -> dict[UOp, UOp]:
     clusters: dict[tuple, list[list[UOp]]] = {}
     mapping: dict[UOp, UOp] = {}
     for update in (u for u in sink.toposort if u.op is Ops.ACC_UPDATE and u.src[0] not in scans):
-        if _holds_nested_reduction(update) and not _nests_blocks(update):
+        if _keeps_own_loops(update):
             continue
         acc = update.src[0]
         key = (acc.src, acc.arg.lanes, tuple(r.src[0] for r in loop_ranges(update)))
@@ -95,23 +95,17 @@ def loop_ranges(update: UOp) -> list[UOp]:
     return sorted(update.src[2:], key=lambda r: r.arg.nesting)
 
 
-def _nested_accumulators(update: UOp) -> list[UOp]:
-    """The accumulators declared inside this update's loops."""
-    walked = set(loop_ranges(update))
-    return [u for u in update.src[1].toposort if u.op is Ops.DEFINE_ACC and not walked.isdisjoint(u.ranges)]
-
-
-def _holds_nested_reduction(update: UOp) -> bool:
-    """An accumulator declared inside this update's loops: its loop nest stays its own."""
-    return bool(_nested_accumulators(update))
-
-
-def _nests_blocks(update: UOp) -> bool:
-    """A double sum of float32 block sums (Note: float32 sums in blocks, codegen/float_sums.py):
+def _keeps_own_loops(update: UOp) -> bool:
+    """An accumulator declared inside this update's loops: its loop nest stays its own, unless it
+    is a double sum of float32 block sums (Note: float32 sums in blocks, codegen/float_sums.py):
     two over one tensor's blocks walk them once, each block's sums sharing the inner loop."""
-    acc, nested = update.src[0], _nested_accumulators(update)
-    return (acc.dtype is dtypes.float64 and acc.arg.combine is Ops.ADD
-            and all(n.dtype is dtypes.float32 and n.arg.combine is Ops.ADD for n in nested))  # fmt: skip
+    walked = set(loop_ranges(update))
+    nested = [u for u in update.src[1].toposort if u.op is Ops.DEFINE_ACC and not walked.isdisjoint(u.ranges)]
+    if not nested:
+        return False
+    acc = update.src[0]
+    return not (acc.dtype is dtypes.float64 and acc.arg.combine is Ops.ADD
+                and all(n.dtype is dtypes.float32 and n.arg.combine is Ops.ADD for n in nested))  # fmt: skip
 
 
 def _independent(a: UOp, b: UOp) -> bool:

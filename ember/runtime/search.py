@@ -48,7 +48,7 @@ from ember.runtime.cache import (
     write_entry,
 )
 from ember.runtime.cache_identity import cpu_info
-from ember.runtime.cpu import load_cached_kernel
+from ember.runtime.cpu import float_lanes, load_cached_kernel
 
 SEARCH_MARGIN = 0.03  # a candidate replaces the default when its median is this much lower
 BUDGET_S = 0.25  # timing per kernel, about (at least MIN_ROUNDS rounds)
@@ -72,7 +72,7 @@ def machine_identity() -> str:
 
 def wide_default_vectors() -> bool:
     """Kernels vectorize at 512 bits on hosts with AVX-512 (cpu.py FLAGS: -mprefer-vector-width=512)."""
-    return "avx512f" in cpu_info()[1]
+    return float_lanes() == 16
 
 
 # ---- winner records -------------------------------------------------------------------------
