@@ -21,6 +21,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from ember.codegen.eviction import eviction_hints
 from ember.renderer.triton_math import render_math
 from ember.renderer.triton_scan import combine_call, scan_call
 from ember.renderer.triton_scatter import ScatterStore, scatter_store_lines
@@ -186,7 +187,7 @@ def render_body(program: list[UOp], errors: list[CheckArg], index_bits: int,
     (Note: block lowering, codegen/block_lowering.py), loops as Python `for`s. `index_bits`: the
     width of index math (codegen/blocks.py); `scalars`: one-element buffers passed by value;
     `part`: how a part of a horizontal kernel names things (renderer/triton_horizontal.py)."""
-    body = _Body(errors, index_bits, scalars, part or PartNaming())
+    body = _Body(errors, index_bits, scalars, part or PartNaming(), eviction_hints(program))
     for u in program:
         body.emit(u)
     return body.lines
@@ -206,8 +207,10 @@ class PartNaming:
 class _Body:
     """The names given so far and the lines written; each op's spelling is one method."""
 
-    def __init__(self, errors: list[CheckArg], index_bits: int, scalars: frozenset[str], part: PartNaming):
+    def __init__(self, errors: list[CheckArg], index_bits: int, scalars: frozenset[str], part: PartNaming,
+                 hints: dict[UOp, str]):  # fmt: skip
         self.errors, self.scalars, self.part = errors, scalars, part
+        self.hints = hints  # Note: cache hints for loads (codegen/eviction.py)
         self.widen = "" if index_bits == 32 else ".to(tl.int64)"
         self.names: dict[UOp, str] = {}
         self.lines: list[str] = []
@@ -303,7 +306,8 @@ class _Body:
             self.names[u] = self.ref(buffer)
             return
         mask = f", mask={self.ref(u.src[1])}" if len(u.src) > 1 else ""
-        self.assign(u, f"tl.load({self.ref(u.src[0])}{mask})")
+        hint = f", eviction_policy='{self.hints[u]}'" if u in self.hints else ""
+        self.assign(u, f"tl.load({self.ref(u.src[0])}{mask}{hint})")
 
     def store(self, u: UOp) -> None:
         index, value, mask = u.src
