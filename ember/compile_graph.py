@@ -69,7 +69,8 @@ def _compile_graph(
     # received, and a hit skips the passes too. A user's hook may do anything, so with hooks
     # the passes run first and the key is the graph after them.
     hooks = bool(config.pre_passes or config.post_passes)
-    versions += f" {machine_identity()}" if config.kernel_search else ""  # a wrapper may hold a recorded winner
+    # a wrapper may hold a recorded winner; the linears' library was timed on this machine (passes/matmul_timing.py)
+    versions += f" {machine_identity()}" if config.kernel_search or config.matmul_timing else ""
     # a debug run wants every stage's dump, so it never loads a graph whole; a verified one needs
     # the lowered graph and the steps, which a cached graph does not keep
     use_cache = config.graph_cache and not config.debug and not config.verify and not is_recording()

@@ -99,6 +99,9 @@ class Config:
                                      "2-d convolutions read channels-last activations (oneDNN's layout)")  # fmt: skip
     mkldnn_fusion: bool = _flag(True, "EMBER_MKLDNN_FUSION", True,
                                 "linear/conv + bias + activation as one oneDNN call (passes/mkldnn.py)")  # fmt: skip
+    matmul_timing: bool = _flag(True, "EMBER_MATMUL_TIMING", True,
+                                "time aten's matmul against oneDNN's linear once per machine and shape, and give "
+                                "oneDNN the static linears it runs faster (Note: timed matmul libraries)")  # fmt: skip
     mkldnn_relu: bool = _flag(False, "EMBER_MKLDNN_RELU", True,
                               "relu as a oneDNN post-op too: faster, but relu(NaN) gives 0, not NaN")  # fmt: skip
     pre_passes: tuple = _flag((), "", False, "callables f(graph: torch.fx.Graph) run before ember's passes")

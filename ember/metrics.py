@@ -69,6 +69,10 @@ class Metrics:
     kernel_searches: int = 0  # config.kernel_search: kernels whose choices were timed (runtime/search.py)
     search_candidates_timed: int = 0  # renderings timed by those searches
     search_winners_loaded: int = 0  # kernels that took a winner recorded on disk, with no search
+    # config.matmul_timing: linear shapes timed with aten and oneDNN, and verdicts read from disk instead
+    # (Note: timed matmul libraries, passes/matmul_timing.py)
+    matmul_timings: int = 0
+    matmul_timings_loaded: int = 0
     shape_specializations: int = 0  # static graphs compiled from a symbolic one (shape_specialization.py)
     symbolic_graphs: int = 0  # graphs with dynamic shapes compiled once (compile_symbolic.py)
     # graphs with dynamic shapes compiled per shape instead, by the reason the symbolic compile refused

@@ -15,6 +15,10 @@ os.environ.setdefault("EMBER_CHECK_IR", "1")
 # A bad index a GPU kernel meets raises in the call itself; the tests of the default, deferred
 # reporting (Note: deferred GPU error checks) set it back.
 os.environ.setdefault("EMBER_GPU_ERROR_CHECKS", "sync")
+# Which library a linear takes is timed on the machine (Note: timed matmul libraries), and the
+# suite's counts must not depend on the machine: off, except in tests/test_matmul_timing.py,
+# which sets the verdicts it wants.
+os.environ.setdefault("EMBER_MATMUL_TIMING", "0")
 
 # dynamo's dynamic-shape flags as this process starts, restored after each test (below).
 _DYNAMO_SHAPE_FLAGS = {

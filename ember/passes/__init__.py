@@ -56,7 +56,8 @@ def run_passes(gm: torch.fx.GraphModule, config: Config) -> tuple[torch.fx.Graph
             rewrites["channels_last"] += layout.channels_last_convolutions(graph)
         if config.mkldnn_fusion and mkldnn.applicable():
             mkldnn.annotate_headroom(graph, gm.meta.get(INPUTS_HELD, False))  # Note: oneDNN's scratchpad
-            rewrites["mkldnn_linear"] += mkldnn.pm_mkldnn_linear(config.mkldnn_relu).apply(graph)
+            timed_in = config.cache_dir if config.matmul_timing else None  # Note: timed matmul libraries
+            rewrites["mkldnn_linear"] += mkldnn.pm_mkldnn_linear(config.mkldnn_relu, timed_in).apply(graph)
             if config.mkldnn_relu:
                 rewrites["mkldnn_linear"] += mkldnn.pm_mkldnn_linear_relu.apply(graph)
             rewrites["matmul_bias"] += mkldnn.pm_matmul_bias.apply(graph)  # Note: which library multiplies

@@ -40,6 +40,7 @@ from ember.ir import same_sizes
 from ember.passes import meta
 from ember.passes.eager_memory import headroom_bytes
 from ember.passes.matcher import FxPat, FxPatternMatcher
+from ember.passes.matmul_timing import LinearShape, onednn_is_faster
 from ember.passes.noops import VIEWS
 
 aten = torch.ops.aten
@@ -79,6 +80,10 @@ LINEAR_MIN_MACS = 1 << 20
 #     nn.TransformerEncoderLayer's 512 x 256 x 768 projection, 1715 against 1480; 1024 x 128 x
 #     512, 1247 against 1055; 3136 x 96 x 384, 2328 both. oneDNN was never the faster;
 #   - a plain mm whose result leaves ember's kernels stays aten's too: oneDNN would fuse nothing.
+# All of this held on Sapphire Rapids. On other machines the libraries rank otherwise (an AMD EPYC:
+# oneDNN in less than half of MKL's time), so, under config.matmul_timing, a static linear also
+# goes to oneDNN wherever oneDNN was timed faster at its shape on this machine (Note: timed matmul
+# libraries, matmul_timing.py): the rules above decide only where oneDNN was not.
 
 
 # Note: oneDNN's scratchpad
@@ -141,28 +146,53 @@ def _cpu_float32(*nodes: Any) -> bool:
 
 
 def linear(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, w: torch.fx.Node,
-           b: Any = None, relu: bool = False) -> torch.fx.Node | None:  # fmt: skip
+           b: Any = None, relu: bool = False, timed_in: str | None = None) -> torch.fx.Node | None:  # fmt: skip
     """x @ w.t() + b as one oneDNN linear; w is the (out, in) weight, b a 1-d bias or None;
-    `relu`: relu is a post-op (config.mkldnn_relu)."""
-    if not _fuses_an_epilogue(node, b, relu) or not _linear_pays(node, x, w, b, out_dim=0):
+    `relu`: relu is a post-op (config.mkldnn_relu); `timed_in`: the cache folder of matmul
+    timings, None when they are off (config.matmul_timing)."""
+    if not _linear_pays(node, x, w, b, out_dim=0):
+        return None
+    if not (_post_op_pays(node, relu) or _timed_faster(node, x, w, b, 0, False, timed_in)):
         return None
     return _linear_call(graph, node, (x, w, b, "none", [], ""))
 
 
-def linear_of_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, y: torch.fx.Node,
-                     b: Any = None, relu: bool = False) -> torch.fx.Node | None:  # fmt: skip
-    """x @ y + b with y an (in, out) matrix stored column-major (a transposed view of an (out,
-    in) weight that the graph's views hid): oneDNN reads y.t() as a row-major weight. A row-major
-    y (GPT-2's Conv1D weight) stays with aten: oneDNN given the transposed view takes 1.5 to 2
-    times as long as aten's addmm (one thread: 128 x 768 x 3072, 7.6 against 5.1 ms; 1024 rows,
-    62 against 29)."""
+def linear_of_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, y: torch.fx.Node, b: Any = None,
+                     relu: bool = False, timed_in: str | None = None) -> torch.fx.Node | None:  # fmt: skip
+    """x @ y + b with y an (in, out) matrix: oneDNN reads y.t() as its (out, in) weight.
+    Stored column-major (a transposed view of an (out, in) weight that the graph's views hid),
+    y is a linear's weight as any other. Stored row-major (GPT-2's Conv1D weight), y goes to
+    oneDNN only where it was timed faster on this machine: on Sapphire Rapids oneDNN given that
+    layout took 1.5 to 2 times as long as aten's addmm (one thread: 128 x 768 x 3072, 7.6 against
+    5.1 ms; 1024 rows, 62 against 29), on an AMD EPYC less than half (Note: timed matmul
+    libraries, matmul_timing.py)."""
     value = y.meta.get("val")
-    if not isinstance(value, torch.Tensor) or value.dim() != 2 or not value.t().is_contiguous():
+    if not isinstance(value, torch.Tensor) or value.dim() != 2:
         return None
-    if not _fuses_an_epilogue(node, b, relu) or not _linear_pays(node, x, y, b, out_dim=1):
+    in_out = not value.t().is_contiguous()
+    if in_out and not value.is_contiguous():
+        return None
+    if not _linear_pays(node, x, y, b, out_dim=1):
+        return None
+    faster = _timed_faster(node, x, y, b, 1, in_out, timed_in)
+    if not (faster or (not in_out and _post_op_pays(node, relu))):
         return None
     weight = meta.call(graph, aten.permute.default, (y, [1, 0]))
     return _linear_call(graph, node, (x, weight, b, "none", [], ""))
+
+
+def _timed_faster(node: torch.fx.Node, x: torch.fx.Node, weight: torch.fx.Node, b: Any, out_dim: int,
+                  in_out: bool, timed_in: str | None) -> bool:  # fmt: skip
+    """Whether oneDNN's linear was timed faster than aten's matmul at `node`'s static shape on this
+    machine (Note: timed matmul libraries); `weight`'s dim `out_dim` is the output features, and
+    `in_out`: it is stored (in, out) row-major."""
+    sizes = (*x.meta["val"].shape, *weight.meta["val"].shape)
+    if timed_in is None or not all(isinstance(s, int) for s in sizes):
+        return False
+    rows, in_features = x.meta["val"].shape
+    out_features = weight.meta["val"].shape[out_dim]
+    shape = LinearShape(rows, in_features, out_features, b is not None, in_out)
+    return onednn_is_faster(shape, timed_in)
 
 
 def _linear_call(graph: torch.fx.Graph, node: torch.fx.Node, args: tuple) -> torch.fx.Node:
@@ -207,13 +237,6 @@ ACTIVATIONS_IN_PLACE = {
     "relu": torch.relu_,
     "gelu": lambda out: torch.nn.functional.gelu(out, approximate="tanh"),  # the only gelu post-op (post_op)
 }
-
-
-def _fuses_an_epilogue(node: torch.fx.Node, b: Any, relu: bool) -> bool:
-    """Whether oneDNN would fuse into the matmul `node` what else costs a pass over its result: an
-    activation post-op whose result leaves ember's kernels. A bias alone is not reason enough:
-    aten's addmm adds it for less (Note: which library multiplies)."""
-    return _post_op_pays(node, relu)
 
 
 def _post_op_pays(node: torch.fx.Node, relu: bool) -> bool:
@@ -303,9 +326,11 @@ weight_t = FxPat((aten.permute.default,), w, [1, 0])
 linear_result = FxPat((torch.ops.mkldnn._linear_pointwise.default, linear_by_size), name="lin", one_user=True)
 
 
-def pm_mkldnn_linear(relu: bool) -> FxPatternMatcher:
-    """The linear rules; `relu`: relu is a post-op (config.mkldnn_relu)."""
-    of_weight, of_matrix = partial(linear, relu=relu), partial(linear_of_matrix, relu=relu)
+def pm_mkldnn_linear(relu: bool, timed_in: str | None = None) -> FxPatternMatcher:
+    """The linear rules; `relu`: relu is a post-op (config.mkldnn_relu); `timed_in`: the cache
+    folder of matmul timings, None when they are off (Note: timed matmul libraries)."""
+    of_weight = partial(linear, relu=relu, timed_in=timed_in)
+    of_matrix = partial(linear_of_matrix, relu=relu, timed_in=timed_in)
     return FxPatternMatcher([
         (FxPat(aten.addmm.default, b, x, weight_t), of_weight),  # addmm(b, x, w.t()) -> linear(x, w, b)
         (FxPat(aten.mm.default, x, weight_t), of_weight),        # mm(x, w.t()) -> linear(x, w)

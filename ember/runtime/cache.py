@@ -47,7 +47,7 @@ from ember.metrics import metrics
 log = logging.getLogger("ember.cache")
 
 MARKER = ".ember-cache"
-ENTRY_KINDS = ("kernels", "wrappers", "triton", "graphs", "search")  # the folders ember writes under the root
+ENTRY_KINDS = ("kernels", "wrappers", "triton", "graphs", "search", "matmul")  # the folders ember writes under the root
 ENTRY_FORMAT = 2  # the layout of a record written by `write_entry`
 ORPHAN_AGE_S = 600.0  # a temporary file this old belongs to no running writer
 # `.<entry name>.<random>.tmp|.so`: what write_atomic and temp_path_beside create (only those:

@@ -1,0 +1,120 @@
+"""Stage `passes` (CPU): whether oneDNN's linear multiplies faster than aten's mm on this machine,
+at one shape, timed once per machine and recorded on disk.
+
+Note: timed matmul libraries
+    aten's mm and addmm call MKL's sgemm; oneDNN's linear (`mkldnn._linear_pointwise`) runs its
+    own generated code. Which one is faster depends on the machine more than on the shape:
+      - on Intel's Sapphire Rapids MKL was 3-10% faster at every real model's shape (Note:
+        which library multiplies, mkldnn.py);
+      - on an AMD EPYC with AVX-512 (MKL takes a slower path on AMD processors), 2 threads,
+        oneDNN took 0.44-0.48 of MKL's time from 128 x 768 x 768 up (0.34 against 0.72 ms;
+        1024 x 768 x 2304: 8.1 against 17.1 ms), whether the weight is (out, in) or GPT-2's
+        (in, out), and lost below about a million multiply-adds (64 x 64 x 64: 21 against 9 us).
+    No fixed rule serves both, so under `config.matmul_timing` a static linear that oneDNN would
+    take only for speed (no epilogue to fuse) is timed both ways on this machine, on random
+    inputs of its shape (rows cut so one product is at most TIMED_MACS multiply-adds: the
+    ratio holds, the time does not grow with the batch), and goes to oneDNN only where oneDNN
+    takes at most 1 - MARGIN of aten's time: a margin for noise, and for oneDNN's scratchpad
+    (Note: oneDNN's scratchpad).
+
+    The verdict is recorded in the cache (`matmul/`), keyed by the shape, the layout, the
+    machine (CPU model, threads) and torch's version, with its key and checksum (Note: cache
+    safety): a later compile, in this process or another, reads it instead of timing; a
+    damaged record is discarded and timed again. Within a process, verdicts are kept in a
+    dict under a lock, and one thread times at a time (two timings at once would slow each
+    other). Both libraries compute the same float32 product up to rounding order; the tests
+    compare either against float64 eager.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import astuple, dataclass
+from pathlib import Path
+
+import torch
+
+from ember.metrics import metrics
+from ember.runtime.cache import CacheDirectoryError, content_hash, discard, entry_path, read_entry, write_entry
+from ember.runtime.search import machine_identity
+
+MARGIN = 0.1
+TIMED_MACS = 1 << 27  # about 1.5 ms of one aten product on 2 threads of an AMD EPYC, 0.7 of oneDNN's
+MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 8, 0.05  # a shape costs a compile about 15-60 ms, once per machine
+RECORD_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class LinearShape:
+    rows: int
+    in_features: int
+    out_features: int
+    bias: bool
+    weight_in_out: bool  # the weight is stored (in, out) row-major, GPT-2's Conv1D; else (out, in) row-major
+
+
+_lock = threading.Lock()
+_verdicts: dict[str, bool] = {}  # key (content_hash of shape, machine, torch) -> verdict
+
+
+def onednn_is_faster(shape: LinearShape, cache_dir: str | Path) -> bool:
+    """Whether oneDNN's linear takes at most 1 - MARGIN of aten's time at `shape` on this machine."""
+    key = content_hash(repr(astuple(shape)), machine_identity(), torch.__version__, RECORD_VERSION)
+    with _lock:
+        if key not in _verdicts:
+            _verdicts[key] = _recorded_or_timed(shape, Path(cache_dir), key)
+        return _verdicts[key]
+
+
+def _recorded_or_timed(shape: LinearShape, cache_dir: Path, key: str) -> bool:
+    path = entry_path(cache_dir, "matmul", key, ".json")
+    try:
+        record = read_entry(path, key)
+    except CacheDirectoryError:
+        raise
+    except Exception as e:  # a damaged record: time again
+        discard(e, path)
+        record = None
+    if isinstance(record, dict) and isinstance(record.get("onednn_faster"), bool):
+        metrics.add(matmul_timings_loaded=1)
+        return record["onednn_faster"]
+    aten_ms, onednn_ms = time_both(shape)
+    faster = onednn_ms <= (1 - MARGIN) * aten_ms
+    metrics.add(matmul_timings=1)
+    write_entry(path, key, {"onednn_faster": faster, "aten_ms": aten_ms, "onednn_ms": onednn_ms,
+                            "machine": machine_identity(), "shape": repr(shape)})  # fmt: skip
+    return faster
+
+
+def time_both(shape: LinearShape) -> tuple[float, float]:
+    """The least milliseconds of aten's and oneDNN's product at `shape` (rows cut to TIMED_MACS),
+    timed in turns so that load on the machine hits both alike."""
+    k, n = shape.in_features, shape.out_features
+    rows = max(1, min(shape.rows, TIMED_MACS // max(1, k * n)))
+    with torch._subclasses.fake_tensor.unset_fake_temporarily(), torch.no_grad():  # compiles run under fake mode
+        x = torch.randn(rows, k)
+        stored = torch.randn(k, n) if shape.weight_in_out else torch.randn(n, k)
+        weight = stored.t() if shape.weight_in_out else stored  # (out, in), as the linear reads it
+        bias = torch.randn(n) if shape.bias else None
+        runs = [
+            (lambda: torch.mm(x, weight.t())) if bias is None else (lambda: torch.addmm(bias, x, weight.t())),
+            lambda: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], ""),
+        ]
+        best = [float("inf")] * 2
+        for run in runs:  # the first call of each allocates and packs
+            run()
+        start, rounds = time.perf_counter(), 0
+        while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - start < BUDGET_S):
+            for i, run in enumerate(runs):
+                began = time.perf_counter()
+                run()
+                best[i] = min(best[i], time.perf_counter() - began)
+            rounds += 1
+    return best[0] * 1e3, best[1] * 1e3
+
+
+def forget_verdicts() -> None:
+    """Drop this process's verdicts (tests: the next question reads the record or times again)."""
+    with _lock:
+        _verdicts.clear()

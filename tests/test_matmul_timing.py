@@ -1,0 +1,158 @@
+"""Timed matmul libraries (passes/matmul_timing.py, Note: timed matmul libraries): a static linear
+goes to oneDNN where it was timed faster on this machine, the verdict is recorded on disk, and
+threads ask for one timing. The tests set the verdicts through `time_both` (the suite's counts
+must not depend on the machine), except one that times for real and checks only the record."""
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import ember
+from ember.passes import matmul_timing, mkldnn
+from ember.passes.matmul_timing import LinearShape, onednn_is_faster
+from ember.runtime.cache import entry_path, read_entry, write_atomic
+from tests.helpers import check, data
+from tests.test_passes import check_inference, eval_model
+
+pytestmark = pytest.mark.skipif(not mkldnn.applicable(), reason="torch built without oneDNN")
+
+
+@pytest.fixture(autouse=True)
+def timing_on(monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBER_MATMUL_TIMING", "1")
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))  # no verdict recorded by another test
+    monkeypatch.setenv("EMBER_GRAPH_CACHE", "0")  # the graph cache would skip the passes
+    monkeypatch.setattr(mkldnn, "linear_scratchpad_bytes", lambda *args: 0)  # only the timing decides
+    matmul_timing.forget_verdicts()
+    yield
+    matmul_timing.forget_verdicts()
+
+
+def timed(monkeypatch, aten_ms: float, onednn_ms: float) -> list:
+    """`time_both` answering these times; the list collects the shapes it was asked about."""
+    asked = []
+
+    def fake(shape):
+        asked.append(shape)
+        return aten_ms, onednn_ms
+
+    monkeypatch.setattr(matmul_timing, "time_both", fake)
+    return asked
+
+
+def mlp() -> nn.Module:
+    # relu is no oneDNN post-op by default: only the timing can send these linears to oneDNN
+    return eval_model(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 128))
+
+
+@pytest.mark.parametrize("aten_ms, onednn_ms, rewritten", [(2.0, 1.0, 2), (1.0, 2.0, 0), (1.0, 0.95, 0)])
+def test_a_linear_goes_to_onednn_only_where_it_was_timed_faster(monkeypatch, aten_ms, onednn_ms, rewritten):
+    """oneDNN takes a linear when it took at most 1 - MARGIN of aten's time: 0.95 of it is noise."""
+    asked = timed(monkeypatch, aten_ms, onednn_ms)
+    check_inference(mlp(), data((64, 256)))
+    assert ember.metrics.pass_rewrites["mkldnn_linear"] == rewritten
+    assert sorted((s.in_features, s.out_features, s.bias) for s in asked) == [(256, 512, True), (512, 128, True)]
+    assert ember.metrics.matmul_timings == 2
+
+
+def test_an_in_out_weight_goes_to_onednn_where_that_layout_was_timed_faster(monkeypatch):
+    """GPT-2's Conv1D: addmm(b, x, w) with w stored (in, out) row-major, NaN and inf in x."""
+    asked = timed(monkeypatch, 2.0, 1.0)
+    x = data((64, 256))
+    x[3, 5], x[7, 0], x[9, 1] = float("nan"), float("inf"), -float("inf")
+    # sums of 256 products of about 16: float32's rounding in either library's order, about 1e-4 absolute
+    check(lambda b, x, w: torch.addmm(b, x, w), data((128,)), x, data((256, 128), seed=1), atol=5e-4)
+    check(lambda x, w: torch.nn.functional.gelu(torch.mm(x, w)), data((64, 256)), data((256, 128), seed=1), atol=5e-4)
+    assert ember.metrics.pass_rewrites["mkldnn_linear"] == 2
+    assert {(s.rows, s.in_features, s.out_features, s.weight_in_out) for s in asked} == {(64, 256, 128, True)}
+
+
+def test_small_and_symbolic_linears_are_not_timed(monkeypatch):
+    asked = timed(monkeypatch, 2.0, 1.0)
+    check_inference(eval_model(nn.Linear(16, 16)), data((4, 16)))  # under LINEAR_MIN_MACS
+    model = eval_model(nn.Linear(256, 256))
+    compiled = torch.compile(model, backend="ember", dynamic=True)
+    with torch.no_grad():
+        for rows in (40, 56):
+            x = data((rows, 256))
+            torch.testing.assert_close(compiled(x).double(), model.double()(x.double()), rtol=1.3e-5, atol=1e-5)
+            model.float()
+    assert asked == []
+
+
+def test_a_verdict_is_recorded_read_back_and_timed_again_when_damaged(monkeypatch, tmp_path):
+    asked = timed(monkeypatch, 3.0, 1.0)
+    shape = LinearShape(128, 768, 768, True, False)
+    assert onednn_is_faster(shape, tmp_path)
+    records = list((tmp_path / "matmul").rglob("*.json"))
+    assert len(records) == 1 and len(asked) == 1
+    payload = read_entry(records[0], records[0].stem)
+    assert payload["onednn_faster"] is True and payload["aten_ms"] == 3.0 and payload["onednn_ms"] == 1.0
+
+    matmul_timing.forget_verdicts()  # as a new process: the record answers
+    assert onednn_is_faster(shape, tmp_path) and len(asked) == 1
+    assert ember.metrics.matmul_timings_loaded == 1
+
+    write_atomic(records[0], b'{"format": 2, "key": "')  # a damaged record is timed again
+    matmul_timing.forget_verdicts()
+    assert onednn_is_faster(shape, tmp_path) and len(asked) == 2
+    assert read_entry(records[0], records[0].stem)["onednn_faster"] is True
+
+
+def test_other_shapes_layouts_and_thread_counts_have_their_own_records(monkeypatch, tmp_path):
+    asked = timed(monkeypatch, 3.0, 1.0)
+    shapes = [LinearShape(128, 768, 768, True, False), LinearShape(128, 768, 768, False, False),
+              LinearShape(128, 768, 768, True, True), LinearShape(64, 768, 768, True, False)]  # fmt: skip
+    for shape in shapes:
+        onednn_is_faster(shape, tmp_path)
+    threads = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", str(threads + 1))
+    onednn_is_faster(shapes[0], tmp_path)
+    assert len(asked) == 5 and len(list((tmp_path / "matmul").rglob("*.json"))) == 5
+
+
+def test_threads_asking_at_once_time_once(monkeypatch, tmp_path):
+    """Compiles on several threads ask about one shape together: one times (two timings at once
+    would slow each other), the others wait for its verdict. Without the lock every thread would
+    be inside the slow timing at once."""
+    inside, most_inside, calls = [0], [0], []
+    guard = threading.Lock()
+
+    def slow(shape):
+        with guard:
+            inside[0] += 1
+            most_inside[0] = max(most_inside[0], inside[0])
+            calls.append(shape)
+        threading.Event().wait(0.2)
+        with guard:
+            inside[0] -= 1
+        return 3.0, 1.0
+
+    monkeypatch.setattr(matmul_timing, "time_both", slow)
+    start = threading.Barrier(8)
+    answers = []
+
+    def ask():
+        start.wait()
+        answers.append(onednn_is_faster(LinearShape(128, 768, 768, True, False), tmp_path))
+
+    workers = [threading.Thread(target=ask) for _ in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert answers == [True] * 8 and len(calls) == 1 and most_inside[0] == 1
+
+
+def test_a_real_timing_records_both_times(tmp_path):
+    """Timed for real (whatever this machine's verdict): both times positive, the verdict theirs."""
+    shape = LinearShape(64, 256, 256, True, True)
+    faster = onednn_is_faster(shape, tmp_path)
+    (record,) = (tmp_path / "matmul").rglob("*.json")
+    payload = read_entry(record, record.stem)
+    assert payload["aten_ms"] > 0 and payload["onednn_ms"] > 0
+    threshold = (1 - matmul_timing.MARGIN) * payload["aten_ms"]
+    assert faster is payload["onednn_faster"] is (payload["onednn_ms"] <= threshold)
+    assert record == entry_path(tmp_path, "matmul", record.stem, ".json")
