@@ -60,7 +60,9 @@ _verdicts: dict[str, bool] = {}  # key (content_hash of shape, machine, torch) -
 
 def onednn_is_faster(shape: LinearShape, cache_dir: str | Path) -> bool:
     """Whether oneDNN's linear takes at most 1 - MARGIN of aten's time at `shape` on this machine."""
-    key = content_hash(repr(astuple(shape)), machine_identity(), torch.__version__, RECORD_VERSION)
+    # machine_identity: the CPU and OpenMP's threads; torch's own count may differ (torch.set_num_threads)
+    threads = f"torch_threads={torch.get_num_threads()}"
+    key = content_hash(repr(astuple(shape)), machine_identity(), threads, torch.__version__, RECORD_VERSION)
     with _lock:
         if key not in _verdicts:
             _verdicts[key] = _recorded_or_timed(shape, Path(cache_dir), key)
@@ -83,7 +85,8 @@ def _recorded_or_timed(shape: LinearShape, cache_dir: Path, key: str) -> bool:
     faster = onednn_ms <= (1 - MARGIN) * aten_ms
     metrics.add(matmul_timings=1)
     write_entry(path, key, {"onednn_faster": faster, "aten_ms": aten_ms, "onednn_ms": onednn_ms,
-                            "machine": machine_identity(), "shape": repr(shape)})  # fmt: skip
+                            "machine": machine_identity(), "torch_threads": torch.get_num_threads(),
+                            "shape": repr(shape)})  # fmt: skip
     return faster
 
 
