@@ -162,3 +162,21 @@ def test_a_real_timing_records_both_times(tmp_path):
     threshold = (1 - matmul_timing.MARGIN) * payload["aten_ms"]
     assert faster is payload["onednn_faster"] is (payload["onednn_ms"] <= threshold)
     assert record == entry_path(tmp_path, "matmul", record.stem, ".json")
+
+
+def test_timing_multiplies_float32_on_the_cpu_whatever_the_defaults(monkeypatch):
+    seen = []
+    real_mm = torch.addmm
+
+    def addmm(b, x, w):
+        seen.append((x.dtype, x.device.type, w.dtype, b.dtype))
+        return real_mm(b, x, w)
+
+    monkeypatch.setattr(torch, "addmm", addmm)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        matmul_timing.time_both(LinearShape(32, 64, 48, True, False))
+    finally:
+        torch.set_default_dtype(previous)
+    assert seen and set(seen) == {(torch.float32, "cpu", torch.float32, torch.float32)}

@@ -96,10 +96,12 @@ def time_both(shape: LinearShape) -> tuple[float, float]:
     k, n = shape.in_features, shape.out_features
     rows = max(1, min(shape.rows, TIMED_MACS // max(1, k * n)))
     with torch._subclasses.fake_tensor.unset_fake_temporarily(), torch.no_grad():  # compiles run under fake mode
-        x = torch.randn(rows, k)
-        stored = torch.randn(k, n) if shape.weight_in_out else torch.randn(n, k)
+        # float32 on the CPU whatever torch's defaults (set_default_dtype, set_default_device) say
+        made = {"dtype": torch.float32, "device": "cpu"}
+        x = torch.randn(rows, k, **made)
+        stored = torch.randn(k, n, **made) if shape.weight_in_out else torch.randn(n, k, **made)
         weight = stored.t() if shape.weight_in_out else stored  # (out, in), as the linear reads it
-        bias = torch.randn(n) if shape.bias else None
+        bias = torch.randn(n, **made) if shape.bias else None
         runs = [
             (lambda: torch.mm(x, weight.t())) if bias is None else (lambda: torch.addmm(bias, x, weight.t())),
             lambda: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], ""),
