@@ -12,8 +12,11 @@ Note: timed matmul libraries
         (in, out), and lost below about a million multiply-adds (64 x 64 x 64: 21 against 9 us).
     No fixed rule serves both, so under `config.matmul_timing` a static linear that oneDNN would
     take only for speed (no epilogue to fuse) is timed both ways on this machine, on random
-    inputs of its shape (rows cut so one product is at most TIMED_MACS multiply-adds: the
-    ratio holds, the time does not grow with the batch), and goes to oneDNN only where oneDNN
+    inputs of its shape, cut so one product costs little: rows cut to TIMED_ROWS where the product
+    would pass TIMED_MACS multiply-adds, and output
+    features cut to about TIMED_MACS multiply-adds but no fewer than TIMED_COLUMNS (the depth and
+    the row count, which decide how each library blocks the product, stay; a few hundred
+    columns already show the ratio of thousands), and goes to oneDNN only where oneDNN
     takes at most 1 - MARGIN of aten's time: a margin for noise, and for oneDNN's scratchpad
     (Note: oneDNN's scratchpad).
 
@@ -40,8 +43,9 @@ from ember.runtime.cache import CacheDirectoryError, content_hash, discard, entr
 from ember.runtime.search import machine_identity
 
 MARGIN = 0.1
-TIMED_MACS = 1 << 27  # about 1.5 ms of one aten product on 2 threads of an AMD EPYC, 0.7 of oneDNN's
-MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 8, 0.05  # a shape costs a compile about 15-60 ms, once per machine
+TIMED_MACS = 1 << 26  # about 0.7 ms of one aten product on 2 threads of an AMD EPYC, 0.3 of oneDNN's
+TIMED_ROWS, TIMED_COLUMNS = 256, 256
+MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 5, 0.03  # a shape costs a compile about 5-15 ms, once per machine
 RECORD_VERSION = "1"
 
 
@@ -91,10 +95,11 @@ def _recorded_or_timed(shape: LinearShape, cache_dir: Path, key: str) -> bool:
 
 
 def time_both(shape: LinearShape) -> tuple[float, float]:
-    """The least milliseconds of aten's and oneDNN's product at `shape` (rows cut to TIMED_MACS),
-    timed in turns so that load on the machine hits both alike."""
-    k, n = shape.in_features, shape.out_features
-    rows = max(1, min(shape.rows, TIMED_MACS // max(1, k * n)))
+    """The least milliseconds of aten's and oneDNN's product at `shape`, cut (Note: timed matmul
+    libraries), timed in turns so that load on the machine hits both alike."""
+    k = shape.in_features
+    rows = min(shape.rows, max(TIMED_ROWS, TIMED_MACS // max(1, k * shape.out_features)))
+    n = min(shape.out_features, max(TIMED_COLUMNS, TIMED_MACS // max(1, rows * k)))
     with torch._subclasses.fake_tensor.unset_fake_temporarily(), torch.no_grad():  # compiles run under fake mode
         # float32 on the CPU whatever torch's defaults (set_default_dtype, set_default_device) say
         made = {"dtype": torch.float32, "device": "cpu"}
