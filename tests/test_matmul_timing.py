@@ -3,6 +3,7 @@ goes to oneDNN where it was timed faster on this machine, the verdict is recorde
 threads ask for one timing. The tests set the verdicts through `time_both` (the suite's counts
 must not depend on the machine), except one that times for real and checks only the record."""
 
+import copy
 import threading
 
 import pytest
@@ -69,17 +70,27 @@ def test_an_in_out_weight_goes_to_onednn_where_that_layout_was_timed_faster(monk
     assert {(s.rows, s.in_features, s.out_features, s.weight_in_out) for s in asked} == {(64, 256, 128, True)}
 
 
-def test_small_and_symbolic_linears_are_not_timed(monkeypatch):
+def test_small_linears_are_not_timed(monkeypatch):
     asked = timed(monkeypatch, 2.0, 1.0)
     check_inference(eval_model(nn.Linear(16, 16)), data((4, 16)))  # under LINEAR_MIN_MACS
+    assert asked == [] and ember.metrics.pass_rewrites["mkldnn_linear"] == 0
+
+
+@pytest.mark.parametrize("aten_ms, onednn_ms, rewritten", [(2.0, 1.0, 1), (1.0, 2.0, 0)])
+def test_a_symbolic_linear_is_timed_at_its_example_and_sized_at_each_call(monkeypatch, aten_ms, onednn_ms, rewritten):
+    """A graph with symbolic rows times its linear at the example's rows (the symbol's hint) and,
+    where oneDNN won, calls `linear_by_size`, which leaves calls under LINEAR_MIN_MACS to aten."""
+    asked = timed(monkeypatch, aten_ms, onednn_ms)
     model = eval_model(nn.Linear(256, 256))
     compiled = torch.compile(model, backend="ember", dynamic=True)
     with torch.no_grad():
-        for rows in (40, 56):
+        for rows in (40, 56, 3):  # 3 rows: under LINEAR_MIN_MACS, aten's at that call
             x = data((rows, 256))
-            torch.testing.assert_close(compiled(x).double(), model.double()(x.double()), rtol=1.3e-5, atol=1e-5)
-            model.float()
-    assert asked == []
+            want = copy.deepcopy(model).double()(x.double())
+            torch.testing.assert_close(compiled(x).double(), want, rtol=1.3e-5, atol=1e-5)
+    assert [(s.rows, s.in_features, s.out_features) for s in asked] == [(40, 256, 256)]
+    assert ember.metrics.pass_rewrites["mkldnn_linear"] == rewritten
+    assert ember.metrics.symbolic_graphs == 1
 
 
 def test_a_verdict_is_recorded_read_back_and_timed_again_when_damaged(monkeypatch, tmp_path):

@@ -183,14 +183,14 @@ def linear_of_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Nod
 
 def _timed_faster(node: torch.fx.Node, x: torch.fx.Node, weight: torch.fx.Node, b: Any, out_dim: int,
                   in_out: bool, timed_in: str | None) -> bool:  # fmt: skip
-    """Whether oneDNN's linear was timed faster than aten's matmul at `node`'s static shape on this
-    machine (Note: timed matmul libraries); `weight`'s dim `out_dim` is the output features, and
-    `in_out`: it is stored (in, out) row-major."""
-    sizes = (*x.meta["val"].shape, *weight.meta["val"].shape)
-    if timed_in is None or not all(isinstance(s, int) for s in sizes):
+    """Whether oneDNN's linear was timed faster than aten's matmul at `node`'s shape on this machine
+    (Note: timed matmul libraries); `weight`'s dim `out_dim` is the output features, and `in_out`:
+    it is stored (in, out) row-major. A symbolic linear is timed at its example's sizes, the hints
+    of its symbols; at each call `linear_by_size` still leaves the small ones to aten."""
+    rows, in_features = (_size_hint(s) for s in x.meta["val"].shape)
+    out_features = _size_hint(weight.meta["val"].shape[out_dim])
+    if timed_in is None or None in (rows, in_features, out_features):
         return False
-    rows, in_features = x.meta["val"].shape
-    out_features = weight.meta["val"].shape[out_dim]
     shape = LinearShape(rows, in_features, out_features, b is not None, in_out)
     return onednn_is_faster(shape, timed_in)
 
@@ -200,6 +200,14 @@ def _linear_call(graph: torch.fx.Graph, node: torch.fx.Node, args: tuple) -> tor
     weight = args[1].meta["val"]
     target = linear_by_size if _symbolic_linear(node, weight.shape[1]) else torch.ops.mkldnn._linear_pointwise.default
     return meta.call(graph, target, args, like=_dense(node))
+
+
+def _size_hint(size: Any) -> int | None:
+    """A size, or the example's value of a symbolic one (None where it has none: unbacked)."""
+    if isinstance(size, int):
+        return size
+    hint = getattr(getattr(size, "node", None), "hint", None)
+    return hint if isinstance(hint, int) else None
 
 
 def _symbolic_linear(node: torch.fx.Node, in_features: Any) -> bool:
