@@ -221,7 +221,10 @@ def _symbolic_linear(node: torch.fx.Node, in_features: Any) -> bool:
 # first (a prompt of thousands of rows, a decode step of one). Such a linear is `linear_by_size`,
 # a function the wrapper calls (kept in the graph cache by name: runtime/graph_cache.py), which
 # asks the sizes each call gets. Under fake tensors (a SymInt count) it answers oneDNN's result,
-# whose layout the other path's has too (row-major), so tracing it adds no guard.
+# whose layout the other path's has too (row-major), so tracing it adds no guard. Whether oneDNN
+# is worth it at all is decided as for a static linear (a post-op to fuse, or oneDNN timed faster
+# on this machine: Note: timed matmul libraries), the timing at the example's sizes, since which
+# library is faster depends on the machine far more than on the row count.
 
 
 def linear_by_size(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, attr: str, scalars: list,
