@@ -31,6 +31,7 @@ Note: timed matmul libraries
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import astuple, dataclass
@@ -47,6 +48,8 @@ TIMED_MACS = 1 << 26  # about 0.7 ms of one aten product on 2 threads of an AMD 
 TIMED_ROWS, TIMED_COLUMNS = 256, 256
 MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 5, 0.03  # a shape costs a compile about 5-15 ms, once per machine
 RECORD_VERSION = "1"
+
+log = logging.getLogger("ember.passes")
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,9 @@ def _recorded_or_timed(shape: LinearShape, cache_dir: Path, key: str) -> bool:
     aten_ms, onednn_ms = time_both(shape)
     faster = onednn_ms <= (1 - MARGIN) * aten_ms
     metrics.add(matmul_timings=1)
+    log.debug("linear %s x %s -> %s%s: aten %.3f ms, oneDNN %.3f ms: %s", shape.rows, shape.in_features,
+             shape.out_features, " (weight stored in x out)" if shape.weight_in_out else "", aten_ms, onednn_ms,
+             "oneDNN" if faster else "aten")  # fmt: skip
     write_entry(path, key, {"onednn_faster": faster, "aten_ms": aten_ms, "onednn_ms": onednn_ms,
                             "machine": machine_identity(), "torch_threads": torch.get_num_threads(),
                             "shape": repr(shape)})  # fmt: skip
