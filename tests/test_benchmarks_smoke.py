@@ -70,3 +70,16 @@ def test_optimizer_step_and_real_model_workloads(tmp_path):
         assert row["correct"] == {"eager": True, "ember": True}, f"{name}: {row['max_error']}"
         assert row["ember_metrics"]["fallback_calls"] == 0
     assert rows["gpt2_adamw"]["ember_metrics"]["inputs_written_in_place"] > 0
+
+
+def test_call_profile_reports_both_graphs():
+    """benchmarks/call_profile.py on the smallest case, a few calls: both graphs timed and profiled."""
+    pytest.importorskip("transformers")
+    command = [sys.executable, "-m", "benchmarks.call_profile", "--case", "gpt2-tiny", "--shape", "1,8",
+               "--device", "cpu", "--calls", "3", "--top", "5"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("static", "symbolic"):
+        assert f"gpt2-tiny (1, 8) {name}: wall" in done.stdout
+        assert f"===== {name}: 3 calls, by own time" in done.stdout
