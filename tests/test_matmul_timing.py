@@ -175,19 +175,21 @@ def test_a_real_timing_records_both_times(tmp_path):
     assert record == entry_path(tmp_path, "matmul", record.stem, ".json")
 
 
-def test_timing_multiplies_float32_on_the_cpu_whatever_the_defaults(monkeypatch):
+def test_timing_multiplies_float32_on_the_cpu_whatever_the_defaults_and_autocast(monkeypatch):
     seen = []
     real_mm = torch.addmm
 
     def addmm(b, x, w):
-        seen.append((x.dtype, x.device.type, w.dtype, b.dtype))
-        return real_mm(b, x, w)
+        out = real_mm(b, x, w)
+        seen.append((x.dtype, x.device.type, w.dtype, b.dtype, out.dtype))
+        return out
 
     monkeypatch.setattr(torch, "addmm", addmm)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        matmul_timing.time_both(LinearShape(32, 64, 48, True, False))
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # a compile inside the caller's autocast
+            matmul_timing.time_both(LinearShape(32, 64, 48, True, False))
     finally:
         torch.set_default_dtype(previous)
-    assert seen and set(seen) == {(torch.float32, "cpu", torch.float32, torch.float32)}
+    assert seen and set(seen) == {(torch.float32, "cpu", torch.float32, torch.float32, torch.float32)}

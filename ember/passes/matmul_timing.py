@@ -106,7 +106,9 @@ def time_both(shape: LinearShape) -> tuple[float, float]:
     k = shape.in_features
     rows = min(shape.rows, max(TIMED_ROWS, TIMED_MACS // max(1, k * shape.out_features)))
     n = min(shape.out_features, max(TIMED_COLUMNS, TIMED_MACS // max(1, rows * k)))
-    with torch._subclasses.fake_tensor.unset_fake_temporarily(), torch.no_grad():  # compiles run under fake mode
+    # compiles run under fake mode, and may run inside the caller's autocast: time plain float32
+    outside = (torch._subclasses.fake_tensor.unset_fake_temporarily(), torch.autocast("cpu", enabled=False))
+    with outside[0], outside[1], torch.no_grad():
         # float32 on the CPU whatever torch's defaults (set_default_dtype, set_default_device) say
         made = {"dtype": torch.float32, "device": "cpu"}
         x = torch.randn(rows, k, **made)
