@@ -40,7 +40,7 @@ from ember.passes.mkldnn import linear_by_size
 from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
 from ember.uop.ops import Ops, UOp
 from ember.uop.symbolic import simplify
-from ember.uop.variables import size_hint
+from ember.uop.variables import UNBOUNDED, size_hint
 
 # Inductor's `realize_opcount_threshold` plays the same role; above it, reuse beats recompute.
 REUSE_OPCOUNT = 30
@@ -279,8 +279,8 @@ def _recomputed_under_broadcast(node: torch.fx.Node, body: tuple) -> bool:
     RECOMPUTED_TIMES or more, some consumer reading it broadcast (Note: values recomputed under a broadcast)."""
     if not any(u.op in TRANSCENDENTAL_OPS for u in body):
         return False
-    elements = _static_numel(node.meta.get("val"))
-    readers = [_static_numel(user.meta.get("val")) for user in _readers_through_views(node)]
+    elements = _example_numel(node.meta.get("val"))
+    readers = [_example_numel(user.meta.get("val")) for user in _readers_through_views(node)]
     if not elements or not readers or any(r is None for r in readers):
         return False
     total = sum(readers)  # type: ignore[arg-type]
@@ -299,12 +299,19 @@ def _readers_through_views(node: torch.fx.Node) -> list[torch.fx.Node]:
     return readers
 
 
-def _static_numel(meta: Any) -> int | None:
-    """The element count of a tensor's fake value when it is a plain number (not symbolic)."""
+def _example_numel(meta: Any) -> int | None:
+    """The element count of a tensor's fake value; for a symbolic one, in the example the graph is
+    compiled with (its symbols' hints: the decision changes speed, never a result; Note: symbolic
+    sizes). None for what is no tensor or has a size with no hint (unbacked)."""
     if not isinstance(meta, torch.Tensor):
         return None
-    numel = meta.numel()
-    return numel if type(numel) is int else None
+    numel = 1
+    for size in meta.shape:
+        hint = size_hint(size)
+        if hint >= UNBOUNDED:
+            return None
+        numel *= hint
+    return numel
 
 
 def _channels_last_layout(meta: Any, value: TensorValue) -> Layout | None:
