@@ -40,7 +40,7 @@ from ember.passes.mkldnn import linear_by_size
 from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
 from ember.uop.ops import Ops, UOp
 from ember.uop.symbolic import simplify
-from ember.uop.variables import UNBOUNDED, size_hint
+from ember.uop.variables import known_size_hint, size_hint
 
 # Inductor's `realize_opcount_threshold` plays the same role; above it, reuse beats recompute.
 REUSE_OPCOUNT = 30
@@ -307,8 +307,8 @@ def _example_numel(meta: Any) -> int | None:
         return None
     numel = 1
     for size in meta.shape:
-        hint = size_hint(size)
-        if hint >= UNBOUNDED:
+        hint = known_size_hint(size)
+        if hint is None:
             return None
         numel *= hint
     return numel

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from ember.metrics import metrics
-from ember.runtime.cache import CacheDirectoryError, content_hash, discard, entry_path, read_entry, write_entry
+from ember.runtime.cache import content_hash, entry_path, read_entry_or_discard, write_entry
 from ember.runtime.search import machine_identity
 
 MARGIN = 0.1
@@ -78,13 +78,7 @@ def onednn_is_faster(shape: LinearShape, cache_dir: str | Path) -> bool:
 
 def _recorded_or_timed(shape: LinearShape, cache_dir: Path, key: str) -> bool:
     path = entry_path(cache_dir, "matmul", key, ".json")
-    try:
-        record = read_entry(path, key)
-    except CacheDirectoryError:
-        raise
-    except Exception as e:  # a damaged record: time again
-        discard(e, path)
-        record = None
+    record = read_entry_or_discard(path, key)  # a damaged record: timed again
     if isinstance(record, dict) and isinstance(record.get("onednn_faster"), bool):
         metrics.add(matmul_timings_loaded=1)
         return record["onednn_faster"]
@@ -107,8 +101,11 @@ def time_both(shape: LinearShape) -> tuple[float, float]:
     rows = min(shape.rows, max(TIMED_ROWS, TIMED_MACS // max(1, k * shape.out_features)))
     n = min(shape.out_features, max(TIMED_COLUMNS, TIMED_MACS // max(1, rows * k)))
     # compiles run under fake mode, and may run inside the caller's autocast: time plain float32
-    outside = (torch._subclasses.fake_tensor.unset_fake_temporarily(), torch.autocast("cpu", enabled=False))
-    with outside[0], outside[1], torch.no_grad():
+    with (
+        torch._subclasses.fake_tensor.unset_fake_temporarily(),
+        torch.autocast("cpu", enabled=False),
+        torch.no_grad(),
+    ):
         # float32 on the CPU whatever torch's defaults (set_default_dtype, set_default_device) say
         made = {"dtype": torch.float32, "device": "cpu"}
         x = torch.randn(rows, k, **made)

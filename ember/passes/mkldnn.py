@@ -42,6 +42,7 @@ from ember.passes.eager_memory import headroom_bytes
 from ember.passes.matcher import FxPat, FxPatternMatcher
 from ember.passes.matmul_timing import LinearShape, onednn_is_faster
 from ember.passes.noops import VIEWS
+from ember.uop.variables import known_size_hint
 
 aten = torch.ops.aten
 
@@ -174,8 +175,7 @@ def linear_of_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Nod
         return None
     if not _linear_pays(node, x, y, b, out_dim=1):
         return None
-    faster = _timed_faster(node, x, y, b, 1, in_out, timed_in)
-    if not (faster or (not in_out and _post_op_pays(node, relu))):
+    if not ((not in_out and _post_op_pays(node, relu)) or _timed_faster(node, x, y, b, 1, in_out, timed_in)):
         return None
     weight = meta.call(graph, aten.permute.default, (y, [1, 0]))
     return _linear_call(graph, node, (x, weight, b, "none", [], ""))
@@ -187,8 +187,8 @@ def _timed_faster(node: torch.fx.Node, x: torch.fx.Node, weight: torch.fx.Node, 
     (Note: timed matmul libraries); `weight`'s dim `out_dim` is the output features, and `in_out`:
     it is stored (in, out) row-major. A symbolic linear is timed at its example's sizes, the hints
     of its symbols; at each call `linear_by_size` still leaves the small ones to aten."""
-    rows, in_features = (_size_hint(s) for s in x.meta["val"].shape)
-    out_features = _size_hint(weight.meta["val"].shape[out_dim])
+    rows, in_features = (known_size_hint(s) for s in x.meta["val"].shape)
+    out_features = known_size_hint(weight.meta["val"].shape[out_dim])
     if timed_in is None or None in (rows, in_features, out_features):
         return False
     shape = LinearShape(rows, in_features, out_features, b is not None, in_out)
@@ -200,14 +200,6 @@ def _linear_call(graph: torch.fx.Graph, node: torch.fx.Node, args: tuple) -> tor
     weight = args[1].meta["val"]
     target = linear_by_size if _symbolic_linear(node, weight.shape[1]) else torch.ops.mkldnn._linear_pointwise.default
     return meta.call(graph, target, args, like=_dense(node))
-
-
-def _size_hint(size: Any) -> int | None:
-    """A size, or the example's value of a symbolic one (None where it has none: unbacked)."""
-    if isinstance(size, int):
-        return size
-    hint = getattr(getattr(size, "node", None), "hint", None)
-    return hint if isinstance(hint, int) else None
 
 
 def _symbolic_linear(node: torch.fx.Node, in_features: Any) -> bool:

@@ -282,6 +282,18 @@ def read_entry(path: Path, key: str) -> Any:
     return json.loads(body)
 
 
+def read_entry_or_discard(path: Path, key: str) -> Any:
+    """`read_entry`, with an entry that fails its checks discarded (None: build or measure again,
+    Note: cache safety); a cache folder that is not safe to use still raises."""
+    try:
+        return read_entry(path, key)
+    except CacheDirectoryError:
+        raise
+    except Exception as e:
+        discard(e, path)
+        return None
+
+
 def read_private(path: Path) -> bytes:
     """A file's bytes, after checking that it is this user's and nobody else can write it
     (its folder was checked: entry_folder)."""

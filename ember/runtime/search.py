@@ -39,11 +39,9 @@ import torch
 
 from ember.metrics import metrics
 from ember.runtime.cache import (
-    CacheDirectoryError,
     content_hash,
-    discard,
     entry_path,
-    read_entry,
+    read_entry_or_discard,
     resolve_in_root,
     write_entry,
 )
@@ -88,13 +86,7 @@ def read_winner(path: Path, key: str, candidates: list[dict]) -> int | None:
     """The position of the recorded winner among `candidates` (choices as dicts), or None
     when there is no usable record (missing, damaged, another key's, or naming none of them:
     a damaged one is discarded, Note: cache safety)."""
-    try:
-        record = read_entry(path, key)
-    except CacheDirectoryError:
-        raise
-    except Exception as e:
-        discard(e, path)
-        return None
+    record = read_entry_or_discard(path, key)
     winner = record.get("winner") if isinstance(record, dict) else None
     return candidates.index(winner) if winner in candidates else None
 

@@ -34,12 +34,11 @@ from typing import Any
 from ember.metrics import metrics
 from ember.renderer.triton_prelude import LOOP_BOUND_PRELUDE
 from ember.runtime.cache import (
-    CacheDirectoryError,
     content_hash,
     discard,
     entry_path,
     open_root,
-    read_entry,
+    read_entry_or_discard,
     read_verified,
     relative_to_root,
     resolve_in_root,
@@ -436,12 +435,12 @@ class TritonLauncher:
 
     def recorded_winner(self, device_name: str, size_class: tuple = ()) -> LaunchConfig | None:
         record, key = self.tuning_record(device_name, size_class)
+        found = read_entry_or_discard(record, key)
+        if found is None:
+            return None
         try:
-            found = read_entry(record, key)
-            return LaunchConfig(**found) if found is not None else None
-        except CacheDirectoryError:
-            raise
-        except Exception as e:  # a record damaged, or of other fields: measure again
+            return LaunchConfig(**found)
+        except TypeError as e:  # a record of other fields: measure again
             discard(e, record)
             return None
 

@@ -85,6 +85,12 @@ def size_hint(value: Any) -> int:
     return int(value)
 
 
+def known_size_hint(value: Any) -> int | None:
+    """`size_hint`, or None for a size the example gives no value (an unbacked symbol)."""
+    hint = size_hint(value)
+    return None if hint >= UNBOUNDED else hint
+
+
 def _estimate(u: UOp) -> int:
     from ember.uop.ops import substitute
     from ember.uop.symbolic import simplify
