@@ -39,6 +39,7 @@ from ember.runtime.cpu import kernel_identity
 from ember.runtime.cuda_graphs import CudaGraphRunner
 from ember.runtime.search import machine_identity
 from ember.schedule import KernelStep, schedule
+from ember.schedule.host_scalars import scalar_inputs
 from ember.schedule.nodes import mutated_buffers
 from ember.uop.variables import size_hint
 from ember.wrapper.python import WrapperSource, generate_wrapper, load_wrapper
@@ -172,6 +173,11 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
             horizontal=config.horizontal_fusion,
         )
         steps = scheduled.steps
+        tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]  # (graph.inputs: the tensor ones)
+        host_inputs = frozenset(b.name for b, x in zip(graph.inputs, tensors) if x.device != device)
+        if backend.capabilities.blocks is not None:  # Triton kernels (Note: host scalars by value)
+            on_cpu = frozenset(b.name for b, x in zip(graph.inputs, tensors) if x.device.type == "cpu")
+            graph.scalar_inputs = scalar_inputs(graph, steps, on_cpu, config.cuda_graphs and device.type == "cuda")
     metrics.tally("schedule_work", vars(scheduled.work))
     origins = step_origins(gm, graph.holds, steps)
     fusion_report = describe_fusion(scheduled, origins)  # fusion.txt, and the explanation below
@@ -184,8 +190,6 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         record.aten_graph, record.timings, record.device = gm.print_readable(print_output=False), timings, str(device)
         labels = record.record_steps(graph, scheduled, origins, generated.binaries, labels, debug.captured)
     with stage("wrapper", timings):
-        tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]  # (graph.inputs: the tensor ones)
-        host_inputs = frozenset(b.name for b, x in zip(graph.inputs, tensors) if x.device != device)
         wrapper = generate_wrapper(
             graph,
             steps,
@@ -223,6 +227,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         collectives=len(scheduled.overlaps), overlapped_kernels=sum(o.kernels for o in scheduled.overlaps),
         kernel_bytes=sum(kernel_bytes(graph, s) for s in steps if isinstance(s, KernelStep)),
         horizontal_groups=scheduled.horizontal_groups, horizontal_parts=scheduled.horizontal_parts,
+        scalar_inputs=len(graph.scalar_inputs),
     )  # fmt: skip
     call = record.in_profiler_range(call) if record is not None else call
     return _finish(call, path, summary), wrapper.source, wrapper.objects, summary
@@ -305,6 +310,7 @@ def _record(summary, timings: dict[str, float]) -> None:
         collective_overlap_kernels=summary.overlapped_kernels,
         horizontal_groups=summary.horizontal_groups,
         horizontal_kernels_saved=summary.horizontal_parts - summary.horizontal_groups,
+        scalar_inputs_by_value=summary.scalar_inputs,
     )
     metrics.tally("compile_seconds", timings)
     metrics.tally("fallback_ops", Counter(summary.fallback_ops))

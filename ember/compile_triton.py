@@ -68,7 +68,8 @@ class TritonBackend:
                              native_bfloat16=not self.interpret, pointwise_rows=config.pointwise_rows)  # fmt: skip
             seed_in_memory = config.cuda_graphs and not self.interpret  # Note: random numbers in CUDA graphs
             dying = dying_buffers(graph, steps)  # a kernel may write over one (Note: in-place kernels)
-            rendered = {i: codegen_triton_kernel(s, limits, config.check_ir, generated, seed_in_memory, dying[i])
+            rendered = {i: codegen_triton_kernel(s, limits, config.check_ir, generated, seed_in_memory, dying[i],
+                                                 graph.scalar_inputs)
                         for i, s in enumerate(steps) if has_work(s)}  # fmt: skip
         metrics.add(kernels_codegen=len(generated))
         with stage("runtime", timings):
@@ -82,19 +83,20 @@ class TritonBackend:
 
 def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool = False,
                           generated: dict[tuple, RenderedKernel] | None = None, seed_in_memory: bool = False,
-                          dying: dict | None = None
+                          dying: dict | None = None, scalar_inputs: frozenset[str] = frozenset()
                           ) -> tuple[RenderedKernel, tuple[str, ...], dict[str, str]]:  # fmt: skip
     """One kernel: AST, block rewrite phases, block plan (codegen/blocks.py), render. Names the op
     when it fails. `generated`: the kernels already generated for this graph by AST (Note:
     kernels generated once, compile_cpp.py). `seed_in_memory`: the random seed is read from a
     one-element device buffer, not taken by value (Note: random numbers in CUDA graphs).
     `dying`: the buffers whose last use is this kernel, which it may write over (Note: in-place
-    kernels, codegen/kernel.py); gives which it does."""
+    kernels, codegen/kernel.py); gives which it does. `scalar_inputs`: the graph's 0-d CPU inputs
+    taken by value (Note: host scalars by value, schedule/host_scalars.py)."""
     try:
         if step.parts:  # Note: horizontal fusion (schedule/horizontal.py); its parts write in place never
-            return (*codegen_triton_horizontal(step, limits, check_ir, generated, seed_in_memory), {})
+            return (*codegen_triton_horizontal(step, limits, check_ir, generated, seed_in_memory, scalar_inputs), {})
         ast = build_kernel_ast(step.group, step.stored, dying, step.alignment, step.bodies)
-        scalars = by_value(ast.params, seed_in_memory)
+        scalars = by_value(ast.params, seed_in_memory, scalar_inputs)
         key = (number_ranges(ast.sink), ast.outputs, scalars)
         kernel = generated.get(key) if generated is not None else None
         if kernel is None:
@@ -112,20 +114,24 @@ def codegen_triton_kernel(step: KernelStep, limits: BlockLimits, check_ir: bool 
         raise EmberError("codegen", f"{type(e).__name__}: {e}", origins) from e
 
 
-def by_value(params: tuple[str, ...], seed_in_memory: bool) -> frozenset[str]:
+def by_value(params: tuple[str, ...], seed_in_memory: bool, scalar_inputs: frozenset[str] = frozenset()
+             ) -> frozenset[str]:  # fmt: skip
     """The parameters (p0, p1, ...) passed by value: the random seed and offsets, but the seed where it
-    is read from device memory (Note: random numbers in CUDA graphs)."""
+    is read from device memory (Note: random numbers in CUDA graphs), and the graph's 0-d CPU
+    inputs that it takes by value (Note: host scalars by value, schedule/host_scalars.py)."""
     return frozenset(f"p{i}" for i, buffer in enumerate(params)
-                     if is_scalar_argument(buffer) and not (seed_in_memory and buffer == SEED_BUFFER))  # fmt: skip
+                     if (is_scalar_argument(buffer) and not (seed_in_memory and buffer == SEED_BUFFER))
+                     or buffer in scalar_inputs)  # fmt: skip
 
 
 def codegen_triton_horizontal(step: KernelStep, limits: BlockLimits, check_ir: bool,
-                              generated: dict[tuple, RenderedKernel] | None, seed_in_memory: bool
+                              generated: dict[tuple, RenderedKernel] | None, seed_in_memory: bool,
+                              scalar_inputs: frozenset[str] = frozenset()
                               ) -> tuple[RenderedKernel, tuple[str, ...]]:  # fmt: skip
     """A horizontal kernel: each part's pointwise block program (once per distinct part AST of the
     graph), then one function whose program ids are split among the parts (renderer/triton_horizontal.py)."""
     ast = build_horizontal_ast(step)
-    scalars = by_value(ast.params, seed_in_memory)
+    scalars = by_value(ast.params, seed_in_memory, scalar_inputs)
     generated = generated if generated is not None else {}
     parts, keys = [], []
     for part, rename in zip(ast.parts, ast.renames):

@@ -226,3 +226,6 @@ class LoweredGraph:
     donated_inputs: set[str] = field(default_factory=set)
     # size inputs of a graph with symbolic sizes: argument name -> its SymInt (Note: symbolic sizes)
     size_arguments: dict[str, Any] = field(default_factory=dict)
+    # 0-d CPU inputs of a GPU graph that its Triton kernels take by value (Note: host scalars by
+    # value, schedule/host_scalars.py)
+    scalar_inputs: frozenset[str] = frozenset()

@@ -53,6 +53,7 @@ class Metrics:
     # wait, summed (Note: collectives in the graph, schedule/collectives.py)
     collective_calls: int = 0
     collective_overlap_kernels: int = 0
+    scalar_inputs_by_value: int = 0  # 0-d CPU inputs Triton kernels take as numbers (schedule/host_scalars.py)
     graph_cache_hits: int = 0  # graphs loaded whole from the cache (no lowering, no gcc)
     code_cache_hits: int = 0
     code_cache_misses: int = 0

@@ -25,6 +25,7 @@ from ember.codegen.eviction import eviction_hints
 from ember.renderer.triton_math import render_math
 from ember.renderer.triton_scan import combine_call, scan_call
 from ember.renderer.triton_scatter import ScatterStore, scatter_store_lines
+from ember.schedule.host_scalars import scalar_carrier
 from ember.uop.dtypes import DType, bits_of, dtypes
 from ember.uop.ops import AccBlock, AccUpdate, BlockAxis, CheckArg, Ops, ScatterArg, UOp
 from ember.uop.variables import SizeSpelling, spell_size
@@ -303,7 +304,11 @@ class _Body:
     def load(self, u: UOp) -> None:
         buffer = u.src[0].src[0]
         if buffer.arg.name in self.scalars:  # a one-element buffer passed by value (the seed, an offset)
-            self.names[u] = self.ref(buffer)
+            if u.dtype.is_float:  # its bits (Note: host scalars by value)
+                carrier = tl_type(scalar_carrier(u.dtype))
+                self.assign(u, f"{self.ref(buffer)}.to({carrier}).to({tl_type(u.dtype)}, bitcast=True)")
+            else:
+                self.names[u] = self.ref(buffer)
             return
         mask = f", mask={self.ref(u.src[1])}" if len(u.src) > 1 else ""
         hint = f", eviction_policy='{self.hints[u]}'" if u in self.hints else ""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ember.renderer.common import RenderedKernel, kernel_errors
 from ember.renderer.triton import PartNaming, render_body, tl_type
-from ember.renderer.triton_module import argument_kinds
+from ember.renderer.triton_module import argument_kinds, parameter_names
 from ember.renderer.triton_prelude import PRELUDE
 from ember.uop.dtypes import DType
 from ember.uop.ops import UOp
@@ -41,7 +41,7 @@ def render_triton_horizontal(name: str, parts: list[HorizontalPart], params: lis
     for _, dtype, _ in params:
         tl_type(dtype)
     errors = kernel_errors([u for part in parts for u in part.program])
-    names = [f"{p}: tl.int64" if p in scalars else p for p, _, _ in params]
+    names = parameter_names(params, scalars)
     signature = ", ".join(names + (["ember_error"] if errors else []))
     by_value = sorted(scalars & {p for p, _, _ in params})
     jit = f"@triton.jit(do_not_specialize={by_value!r})" if by_value else "@triton.jit"

@@ -10,23 +10,25 @@ from ember.renderer.common import RenderedKernel, kernel_errors, kernel_params, 
 from ember.renderer.triton import render_body, tl_type
 from ember.renderer.triton_prelude import LOOP_BOUND_PRELUDE, PRELUDE
 from ember.renderer.triton_scan import SCAN_PRELUDE
+from ember.schedule.host_scalars import scalar_carrier
 from ember.uop.ops import Ops, UOp
 
 
 def render_triton(name: str, programs: dict[str, list[UOp]], plan: BlockPlan, written: frozenset[str],
                   scalars: frozenset[str] = frozenset()) -> RenderedKernel:  # fmt: skip
     """`programs`: each variant of `plan` (codegen/blocks.py) lowered to blocks and linearized
-    (codegen/block_lowering.py). `scalars`: one-element int64 buffers (the random seed and offsets) the kernel
-    takes by value rather than as a pointer: no device buffer to fill per call. The size variables
-    it reads (Note: symbolic blocks, codegen/blocks.py) come after the buffers. Both are typed
-    int64 and never specialized, so every value runs one compiled kernel."""
+    (codegen/block_lowering.py). `scalars`: one-element buffers the kernel takes by value rather
+    than as a pointer (the random seed and offsets, int64; 0-d CPU inputs, Note: host scalars by
+    value): no device buffer to fill per call. The size variables it reads (Note: symbolic
+    blocks, codegen/blocks.py) come after the buffers, typed int64. None is specialized, so every
+    value runs one compiled kernel."""
     every = [u for program in programs.values() for u in program]
     params = kernel_params(every, written)
     for _, dtype, _ in params:
         tl_type(dtype)
     errors = kernel_errors(every)
     variables = kernel_variables(every)
-    names = [f"{p}: tl.int64" if p in scalars else p for p, _, _ in params] + [f"{v}: tl.int64" for v in variables]
+    names = parameter_names(params, scalars) + [f"{v}: tl.int64" for v in variables]
     signature = ", ".join(names + (["ember_error"] if errors else []))
     by_value = sorted(scalars & {p for p, _, _ in params}) + list(variables)
     jit = f"@triton.jit(do_not_specialize={by_value!r})" if by_value else "@triton.jit"
@@ -50,10 +52,16 @@ def render_triton(name: str, programs: dict[str, list[UOp]], plan: BlockPlan, wr
     return RenderedKernel(name, source, params, errors, launch=launch, variables=variables)
 
 
+def parameter_names(params: list, scalars: frozenset[str]) -> list[str]:
+    """The buffers' parameters of a jit function: a pointer, or a value typed by its dtype."""
+    return [f"{p}: {tl_type(scalar_carrier(dtype))}" if p in scalars else p for p, dtype, _ in params]
+
+
 def argument_kinds(params: list, scalars: frozenset[str], errors: list, variables: tuple[str, ...] = ()) -> list[str]:
     """What each argument of a call is, for the compile ahead of it (Note: ember owns the Triton
-    compile, runtime/triton_compile.py): `*<dtype>` a pointer to a buffer, `int64` a seed or
-    offset or a size variable taken by value, and last the error flags, a pointer to int64
-    (Note: kernel errors on the GPU)."""
-    kinds = ["int64" if p in scalars else f"*{dtype.name}" for p, dtype, _ in params] + ["int64"] * len(variables)
+    compile, runtime/triton_compile.py): `*<dtype>` a pointer to a buffer, `<dtype>` a value (a
+    seed or offset, a size variable: int64; a 0-d CPU input, a float as its bits), and last the
+    error flags, a pointer to int64 (Note: kernel errors on the GPU)."""
+    kinds = [scalar_carrier(dtype).name if p in scalars else f"*{dtype.name}" for p, dtype, _ in params]
+    kinds += ["int64"] * len(variables)
     return kinds + (["*int64"] if errors else [])

@@ -307,7 +307,7 @@ class TritonLauncher:
     def direct_for(self, args: tuple) -> tuple:
         """The direct launch (see `direct_launch`) of the kernel compiled for these pointer
         alignments: compiled at the first launch for them, under the lock."""
-        aligned = tuple(isinstance(a, int) or a.data_ptr() % 16 == 0 for a in args)  # (an int: the seed)
+        aligned = argument_alignment(args)  # (a number, the seed or a 0-d CPU input's value, counts as aligned)
         direct = self.compiled.get(aligned)
         if direct is None:
             with self.lock:
@@ -326,7 +326,7 @@ class TritonLauncher:
         self.current_stream = stream_getter()
         self.stream_device = torch_cuda_current_device()
         target, _ = device_facts(self.stream_device)
-        return direct_launch(self.compiled_kernel(config, argument_types(args), aligned, target, wide))
+        return direct_launch(self.compiled_kernel(config, argument_types(args, self.signature), aligned, target, wide))
 
     def configure(self, args: tuple) -> None:
         """Choose the launch configuration once, whichever threads make the first calls."""
@@ -415,7 +415,8 @@ class TritonLauncher:
         """A launch of `config` on `args` (compiled now), as a benchmark repeats it; changes
         nothing the fast path reads."""
         wide = self.wide_for(args)
-        kernel = self.compiled_kernel(config, argument_types(args), argument_alignment(args), target, wide)
+        types, aligned = argument_types(args, self.signature), argument_alignment(args)
+        kernel = self.compiled_kernel(config, types, aligned, target, wide)
         grid, blocks = self.grid_of(config, args), self.grid_and_blocks(config)[1]
         stream, constexprs = raw_stream(torch_cuda_current_device()), tuple(blocks.values())
 

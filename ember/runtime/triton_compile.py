@@ -47,18 +47,27 @@ def pointer_type(dtype_name: str) -> str:
 
 def signature_of(kinds: list[str]) -> tuple[str, ...]:
     """Triton's types for the renderer's argument kinds (renderer/triton_module.py
-    `argument_kinds`: `*<dtype>` a pointer, else an integer by value)."""
-    return tuple(pointer_type(k[1:]) if k.startswith("*") else "i" + k.removeprefix("int") for k in kinds)
+    `argument_kinds`: `*<dtype>` a pointer, else a value of that dtype)."""
+    return tuple(pointer_type(k[1:]) if k.startswith("*") else scalar_type(k) for k in kinds)
 
 
-def argument_types(args: tuple) -> tuple[str, ...]:
-    """The signature of a call: each tensor's pointer type, int64 for an int (a seed or offset)."""
-    return tuple(SCALAR_TYPE if isinstance(a, int) else pointer_type(str(a.dtype).removeprefix("torch.")) for a in args)
+def scalar_type(dtype_name: str) -> str:
+    if dtype_name not in TRITON_TYPES:
+        raise NotImplementedError(f"runtime: no Triton scalar type for dtype {dtype_name}")
+    return TRITON_TYPES[dtype_name]
+
+
+def argument_types(args: tuple, declared: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The signature of a call: each tensor's pointer type; for a number, the type the renderer
+    declared (`declared`, from `signature_of`), else int64 (a seed or offset)."""
+    return tuple(pointer_type(str(a.dtype).removeprefix("torch.")) if hasattr(a, "data_ptr")
+                 else declared[i] if declared is not None else SCALAR_TYPE
+                 for i, a in enumerate(args))  # fmt: skip
 
 
 def argument_alignment(args: tuple) -> tuple[bool, ...]:
-    """Which arguments are pointers 16-byte aligned (ints count as aligned: they are never specialized)."""
-    return tuple(isinstance(a, int) or a.data_ptr() % ALIGNMENT == 0 for a in args)
+    """Which arguments are pointers 16-byte aligned (numbers count as aligned: they are never specialized)."""
+    return tuple(not hasattr(a, "data_ptr") or a.data_ptr() % ALIGNMENT == 0 for a in args)
 
 
 @dataclass(frozen=True)

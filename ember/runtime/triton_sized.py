@@ -211,7 +211,7 @@ class SizedTritonLauncher(TritonLauncher):
             return
         aligned = tuple(i not in self.pointers or args[i].data_ptr() % 16 == 0 for i in range(len(args)))
         for config in options:
-            self.pool.submit(self.request(config, argument_types(args), aligned, target, wide))
+            self.pool.submit(self.request(config, argument_types(args, self.signature), aligned, target, wide))
 
     # ---- what the base launcher asks per call ------------------------------------------------
 

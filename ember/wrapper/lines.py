@@ -52,6 +52,20 @@ class MoveToDevice:
 
 
 @dataclass
+class TakeValue:
+    """A 0-d CPU input whose value the graph's Triton kernels take as an argument (Note: host
+    scalars by value, schedule/host_scalars.py): a Python number, no copy to the device; a float
+    as the integer of its bits (-0.0 and NaN payloads exact, under Triton's interpreter too)."""
+
+    name: str
+    bits: str = ""  # a float's: the integer dtype of its bits, which the kernel takes
+
+    def render(self) -> str:
+        view = f".view(torch.{self.bits})" if self.bits else ""
+        return f"{self.name} = {self.name}{view}.item()"
+
+
+@dataclass
 class Allocate:
     buffer: Buffer
     large: bool = False  # a large CPU buffer (runtime/memory.py): pooled and/or in huge pages
@@ -235,6 +249,8 @@ class Return:
 Line = (
     AssertInput
     | BindSize
+    | MoveToDevice
+    | TakeValue
     | DrawSeed
     | SetRandomOffset
     | Allocate

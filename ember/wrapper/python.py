@@ -22,6 +22,7 @@ from ember.ir import BufferRef, Communication, ExternCall, IndexedStore, Lowered
 from ember.runtime.cache import content_hash, entry_path, open_root, write_if_different
 from ember.runtime.memory import HUGE_PAGE_MIN_BYTES
 from ember.schedule import KernelStep, Step, graph_last_uses, last_uses, reads_of, writes_of
+from ember.schedule.host_scalars import scalar_carrier
 from ember.uop.ops import Ops
 from ember.uop.variables import SymbolicSizeError, size_source, symbolic_size
 from ember.wrapper import lines as L
@@ -76,7 +77,9 @@ def generate_wrapper(
     deferred_gpu_errors: bool = True,
     seed_on_device: bool = False,
 ) -> WrapperSource:
-    """`host_inputs`: inputs of a CUDA graph that come on the CPU (0-d tensors, as eager allows).
+    """`host_inputs`: inputs of a CUDA graph that come on the CPU (0-d tensors, as eager allows):
+    moved to the device, or, for `graph.scalar_inputs`, passed to kernels by value (Note: host
+    scalars by value, schedule/host_scalars.py).
     `huge_pages`: large CPU buffers are allocated in huge pages; `pool_bytes`: the most bytes of
     them kept for reuse (runtime/memory.py). `verify`: `call(args, _check)` hands each step's
     finished buffers to `_check` (Note: verifying a compiled graph, wrapper/verify.py).
@@ -92,7 +95,9 @@ def generate_wrapper(
     buffers = {b.name: b for b in graph.buffers.values() if b.kind in ("input", "constant", "seed", "random_offset")}
     body: list[L.Line] = size_bindings(graph, kernels)
     body += [L.AssertInput(b) for b in graph.inputs]
-    body += [L.MoveToDevice(b.name) for b in graph.inputs if b.name in host_inputs]
+    body += [L.TakeValue(b.name, scalar_carrier(b.dtype).name if b.dtype.is_float else "")
+             for b in graph.inputs if b.name in graph.scalar_inputs]  # fmt: skip
+    body += [L.MoveToDevice(b.name) for b in graph.inputs if b.name in host_inputs - graph.scalar_inputs]
     read = {name for step in steps for name in reads_of(step)}  # (a dead random op needs no seed)
     triton = any(k.triton is not None for k in kernels.values())
     on_device = triton and seed_on_device
