@@ -97,6 +97,9 @@ class Config:
     passes: bool = _flag(True, "EMBER_PASSES", True, "run ember's FX graph passes (DCE, no-ops, conv rewrites)")
     conv_channels_last: bool = _flag(True, "EMBER_CONV_CHANNELS_LAST", True,
                                      "2-d convolutions read channels-last activations (oneDNN's layout)")  # fmt: skip
+    vector_matmul: bool = _flag(True, "EMBER_VECTOR_MATMUL", True,
+                                "CPU: a float32 linear of one static row (a decode step's) as an ember reduction "
+                                "over the (out, in) weight (Note: a vector times a matrix)")  # fmt: skip
     mkldnn_fusion: bool = _flag(True, "EMBER_MKLDNN_FUSION", True,
                                 "linear/conv + bias + activation as one oneDNN call (passes/mkldnn.py)")  # fmt: skip
     matmul_timing: bool = _flag(True, "EMBER_MATMUL_TIMING", True,

@@ -91,8 +91,10 @@ def _assert_training_peak_at_most_eager(model: nn.Module, compiled: Callable, st
     assert ours <= eager - below_by, f"ember's peak {ours} bytes, eager's {eager}"
 
 
+# (rows 1: a decode step's vector, which takes no weight panels)
 SCRATCHPAD_SHAPES = [(64, 512, 512), (256, 1024, 1024), (4, 2048, 64), (1000, 100, 1000), (2048, 16, 16),
-                     (8, 768, 4096), (128, 1025, 256), (64, 3072, 768), (32, 40, 8)]  # fmt: skip
+                     (8, 768, 4096), (128, 1025, 256), (64, 3072, 768), (32, 40, 8),
+                     (1, 768, 2304), (1, 3072, 768), (1, 40, 8)]  # fmt: skip
 
 
 @pytest.mark.skipif(not mkldnn.applicable(), reason="torch built without oneDNN")

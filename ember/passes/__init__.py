@@ -11,6 +11,7 @@ compile runs the original eagerly); lowering sees the result. The steps, in orde
   cse            equal pure calls (a per-layer copy of one attention bias) -> one call (cse.py);
                  after attention, whose patterns ask for values with one reader
   channels_last  2-d convolutions read NHWC activations (layout.py)
+  vector_matmul  a float32 linear of one static row (decode) -> sum(w * x, 1) (vector_matmul.py)
   mkldnn         linear / convolution + bias + activation as one oneDNN call where that fuses a
                  pass; an addmm left whose readers are ember kernels -> mm + bias (mkldnn.py)
   dce            calls whose results nobody uses (mutations and random ops stay)
@@ -36,7 +37,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ember.config import Config
 from ember.errors import EmberError
-from ember.passes import attention, cse, layout, mkldnn, noops
+from ember.passes import attention, cse, layout, mkldnn, noops, vector_matmul
 from ember.passes.eager_memory import INPUTS_HELD
 
 
@@ -54,8 +55,12 @@ def run_passes(gm: torch.fx.GraphModule, config: Config) -> tuple[torch.fx.Graph
         rewrites["cse"] += cse.eliminate_common_subexpressions(graph)
         if config.conv_channels_last:
             rewrites["channels_last"] += layout.channels_last_convolutions(graph)
-        if config.mkldnn_fusion and mkldnn.applicable():
-            mkldnn.annotate_headroom(graph, gm.meta.get(INPUTS_HELD, False))  # Note: oneDNN's scratchpad
+        onednn = config.mkldnn_fusion and mkldnn.applicable()
+        if onednn:  # on eager's graph, before vector_matmul (whose products are never materialized)
+            mkldnn.annotate_headroom(graph, gm.meta.get(INPUTS_HELD, False))
+        if config.vector_matmul:
+            rewrites["vector_matmul"] += vector_matmul.pm_vector_matmul.apply(graph)
+        if onednn:
             timed_in = config.cache_dir if config.matmul_timing else None  # Note: timed matmul libraries
             rewrites["mkldnn_linear"] += mkldnn.pm_mkldnn_linear(config.mkldnn_relu, timed_in).apply(graph)
             if config.mkldnn_relu:

@@ -92,7 +92,8 @@ LINEAR_MIN_MACS = 1 << 20
 # per thread, a D x 64 panel of the weight copied into its own layout, D the depth of the K blocks
 # it works in (`panel_depth`: K rounded up to 16 up to 512; 512 for K up to 1024; 1024 beyond,
 # whatever M, N and the thread count), and a copy of the whole input when that is not row-major (so a transposed input,
-# a weight gradient's, stays with aten, whose BLAS reads it in place) (measured with
+# a weight gradient's, stays with aten, whose BLAS reads it in place). A single row (a decode
+# step's vector) takes neither: 256 + 640 bytes per thread, whatever K, N, bias or post-op (measured with
 # torch.profiler's memory events for oneDNN 3.x; tests/test_peak_memory.py checks the bound on several
 # shapes). MKL's sgemm behind aten's addmm packs into buffers it keeps from call to call, so a
 # oneDNN linear costs memory where an addmm costs none: 2 MiB per call at 16 threads, more than
@@ -116,9 +117,11 @@ def annotate_headroom(graph: torch.fx.Graph, inputs_held: bool = False) -> None:
 def linear_scratchpad_bytes(x: torch.Tensor, in_features: int, threads: int) -> int:
     """An upper bound of the scratchpad one `_linear_pointwise` call on input `x` takes (Note:
     oneDNN's scratchpad)."""
+    rows = x.numel() // max(in_features, 1)
+    if rows == 1:  # a vector times the matrix (a decode step): no panels, no copy of the input
+        return threads * PER_THREAD_BYTES
     depth = panel_depth(in_features)
     per_thread = WEIGHT_PANEL * depth * 4 + PER_THREAD_BYTES
-    rows = x.numel() // max(in_features, 1)
     input_copy = 0 if _row_major(x, in_features) else rows * in_features * 4
     return threads * per_thread + input_copy
 
@@ -304,7 +307,11 @@ def _linear_pays(node: torch.fx.Node, x: Any, weight: Any, b: Any, out_dim: int)
 
 
 def _row_major(x: torch.Tensor, in_features: int) -> bool:
-    return x.dim() == 2 and same_sizes((x.stride(1), x.stride(0)), (1, in_features))
+    """Rows of `in_features` one after another; a single row's stride is any (a decode step's
+    last position, sliced out of the sequence, keeps the sequence's stride or gets 0)."""
+    if x.dim() != 2 or not same_sizes((x.stride(1),), (1,)):
+        return False
+    return same_sizes((x.shape[0],), (1,)) or same_sizes((x.stride(0),), (in_features,))
 
 
 def linear_post_op(graph: torch.fx.Graph, node: torch.fx.Node, lin: torch.fx.Node) -> torch.fx.Node | None:
