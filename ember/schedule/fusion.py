@@ -168,6 +168,8 @@ def why_no_fuse(state: FusionState, a: Group, b: Group) -> str | Fused:
         return bodies
     if (recomputed := recomputed_reduction(bodies, alignment)) is not None:
         return f"the reduction in {recomputed} would be recomputed for every element of an inner loop"
+    if (recomputed := inner_reduction_per_output(bodies)) is not None:
+        return f"a reduction inside {recomputed}'s reduction would be computed again for each of its outputs"
     if (unsafe := unsafe_in_place_read([n.step for n in members], bodies, alignment)) is not None:
         return unsafe
     if state.blocks and (starved := starved_programs(members, bodies)) is not None:
@@ -256,6 +258,27 @@ def nested_reduction(bodies: dict) -> str | None:
             if u.op is Ops.REDUCE and any(v is not u and v.op is Ops.REDUCE and v.ranges & set(u.src[1:])
                                           for v in u.src[0].toposort):  # fmt: skip
                 return name
+    return None
+
+
+def inner_reduction_per_output(bodies: dict) -> str | None:
+    """The member whose reduction would hold another (nested_reduction) that depends on fewer of
+    the member's output axes than the member: its loop nest computes that inner reduction again
+    for every output element it does not depend on. A one-row matmul (Note: a vector times a
+    matrix, passes/vector_matmul.py) fused into the next one's reduction over its outputs
+    computed the whole first product once per output of the second: 1024 times over, 70 ms for a
+    LLaMA layer's step that takes 1. (Cross-entropy's mean of row logsumexps has no output axes:
+    each row's inner reduction runs once.)"""
+    for name, body in bodies.items():
+        outputs = {u.arg for u in body.toposort if u.op is Ops.AXIS}
+        for u in body.toposort:
+            if u.op is not Ops.REDUCE:
+                continue
+            for inner in u.src[0].toposort:
+                if inner is u or inner.op is not Ops.REDUCE or not inner.ranges & set(u.src[1:]):
+                    continue
+                if outputs - {a.arg for a in inner.toposort if a.op is Ops.AXIS}:
+                    return name
     return None
 
 
