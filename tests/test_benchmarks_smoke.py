@@ -83,3 +83,18 @@ def test_call_profile_reports_both_graphs():
     for name in ("static", "symbolic"):
         assert f"gpt2-tiny (1, 8) {name}: wall" in done.stdout
         assert f"===== {name}: 3 calls, by own time" in done.stdout
+
+
+def test_decode_benchmark_tokens_match_eager():
+    """benchmarks/decode.py on two-layer models, ember only: each model's loop compiles, its tokens
+    equal eager's (the benchmark prints when they differ) and a per-token time is printed."""
+    pytest.importorskip("transformers")
+    command = [sys.executable, "-m", "benchmarks.decode", "--quick", "--compilers", "ember", "--tokens", "4",
+               "--rounds", "1"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "differ" not in done.stdout, done.stdout
+    for name in ("gpt2", "llama"):
+        assert f"{name}: 4 tokens, batch 1" in done.stdout, done.stdout
+    assert done.stdout.count("  ember ") == 2, done.stdout
