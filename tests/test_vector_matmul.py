@@ -22,7 +22,7 @@ def rewrites() -> int:
     return ember.metrics.pass_rewrites["vector_matmul"]
 
 
-@pytest.mark.parametrize("out_features, in_features", [(300, 256), (1000, 777), (97, 2048)])
+@pytest.mark.parametrize("out_features, in_features", [(300, 256), (1000, 777), (257, 2048)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_one_row_linear_is_a_reduction(out_features, in_features, bias):
     x, w = data((1, in_features), seed=0), data((out_features, in_features), seed=1)
@@ -72,11 +72,12 @@ def test_a_normalized_row_is_computed_once_for_a_wide_head():
 
 @pytest.mark.parametrize(
     "case",
-    ["two_rows", "weight_in_out", "float64", "small"],
+    ["two_rows", "weight_in_out", "float64", "small", "few_outputs"],
 )
 def test_left_to_the_matmul(case):
     """More than one row (BLAS reuses the weight from cache), a weight stored (in, out) (a column
-    reduction, which oneDNN streams better), other dtypes, and products too small to matter."""
+    reduction, which oneDNN streams better), other dtypes, products too small to matter, and too
+    few outputs to split among threads."""
     x, w = data((1, 256), seed=0), data((300, 256), seed=1)
     if case == "two_rows":
         check(F.linear, data((2, 256), seed=0), w, **TOLERANCE)
@@ -84,8 +85,10 @@ def test_left_to_the_matmul(case):
         check(torch.matmul, x, data((256, 300), seed=1), **TOLERANCE)
     elif case == "float64":
         check(F.linear, x.double(), w.double(), **TOLERANCE)
-    else:
+    elif case == "small":
         check(F.linear, x, data((16, 256), seed=1), **TOLERANCE)
+    else:  # 100 x 4096: enough work, but too few outputs to share among a large machine's threads
+        check(F.linear, data((1, 4096), seed=0), data((100, 4096), seed=1), **TOLERANCE)
     assert rewrites() == 0
 
 

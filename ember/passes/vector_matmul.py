@@ -12,7 +12,8 @@ Note: a vector times a matrix
       - ember's row reduction sum(w * x, 1) of the (out, in) weight: 3.2 ms, 48 GB/s, no
         scratchpad, and the bias and what reads the product fuse into its kernel.
     So mm(x, w.t()), and addmm with a bias, on a CPU float32 x of one static row and a row-major
-    (out, in) weight w becomes sum(w * x, 1) (+ b), viewed as the (1, out) product. Both sum
+    (out, in) weight w of MIN_OUT_FEATURES outputs or more becomes sum(w * x, 1) (+ b), viewed as
+    the (1, out) product. Both sum
     each output's K products in float32; the reduction's blocked sums (Note: float32 sums)
     round no worse than BLAS's dot products. A weight stored (in, out) (GPT-2's Conv1D) makes
     a column reduction, which ember's kernels stream far worse (14.6 ms at that shape against
@@ -33,6 +34,9 @@ from ember.passes.matcher import FxPat, FxPatternMatcher
 aten = torch.ops.aten
 
 MIN_MACS = 1 << 16  # below, one extern call costs about what the kernel would (and nothing streams)
+# the reduction's threads split the outputs (each sums its rows whole): fewer outputs than this
+# would leave a large machine's threads idle, where BLAS also splits the depth
+MIN_OUT_FEATURES = 256
 
 
 def vector_times_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, w: torch.fx.Node,
@@ -64,7 +68,7 @@ def _one_row_product(node: torch.fx.Node, x: Any, w: Any, b: Any) -> bool:
         return False
     if b is not None and tuple(values[3].shape) != (weight.shape[0],):
         return False
-    return weight.shape[0] * weight.shape[1] >= MIN_MACS
+    return weight.shape[0] >= MIN_OUT_FEATURES and weight.shape[0] * weight.shape[1] >= MIN_MACS
 
 
 def _cpu_float32(value: Any) -> bool:
