@@ -5,7 +5,7 @@ Note: a vector times a matrix
     Each weight element is read once for one multiply-add, so the product runs at the speed the
     matrix streams from memory, and a model's weights (GPT-2 small's 500 MB) come from DRAM.
     On an AMD EPYC (2 threads, a 1 GiB sum at 47 GB/s), GPT-2's 50257 x 768 LM head, weights
-    rotated so they come from DRAM (.dev/gemv_proto.py):
+    rotated among copies so they come from DRAM (whole models: benchmarks/decode.py):
       - aten's mm (MKL's sgemv): 8.6 ms, 18 GB/s;
       - oneDNN's linear: 3.6 ms, and it takes its scratchpad, which where the product is the
         graph's peak does not fit (Note: oneDNN's scratchpad, mkldnn.py);
