@@ -23,6 +23,8 @@ from collections.abc import Callable
 
 import torch
 
+from benchmarks.dynamic_shapes import generate  # greedy, with transformers' DynamicCache
+
 VOCAB = {"gpt2": 50257, "llama": 32000}
 
 
@@ -39,18 +41,6 @@ def build(name: str, quick: bool) -> torch.nn.Module:
                                       num_attention_heads=width // 64, num_key_value_heads=max(1, width // 256),
                                       vocab_size=VOCAB[name], max_position_embeddings=1024)  # fmt: skip
     return transformers.LlamaForCausalLM(config).eval()
-
-
-def generate(model: Callable, prompt: torch.Tensor, tokens: int) -> torch.Tensor:
-    from transformers.cache_utils import DynamicCache
-
-    cache, ids, out = DynamicCache(), prompt, []
-    with torch.no_grad():
-        for _ in range(tokens):
-            step = model(input_ids=ids, past_key_values=cache, use_cache=True)
-            cache, ids = step.past_key_values, step.logits[:, -1:].argmax(-1)
-            out.append(ids)
-    return torch.cat(out, 1)
 
 
 def timed(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:

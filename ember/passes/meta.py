@@ -30,6 +30,15 @@ def fake_value(node: torch.fx.Node) -> Any:
             return node.target(*args, **kwargs)  # type: ignore[operator]
 
 
+def cpu_float32(*nodes: Any) -> bool:
+    """Every one of `nodes` is an FX node whose value is a float32 tensor on the CPU."""
+    for node in nodes:
+        value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or value.device.type != "cpu":
+            return False
+    return True
+
+
 def _fake_of(node: torch.fx.Node, fake_mode: Any) -> Any:
     """A node's fake value; a constant (get_attr) that has none gets one from its tensor."""
     if "val" not in node.meta and node.op == "get_attr" and node.graph.owning_module is not None:

@@ -138,14 +138,6 @@ def applicable() -> bool:
     return bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled)
 
 
-def _cpu_float32(*nodes: Any) -> bool:
-    for node in nodes:
-        value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-        if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or value.device.type != "cpu":
-            return False
-    return True
-
-
 # -- linear ---------------------------------------------------------------------------------
 
 
@@ -272,7 +264,7 @@ def unfused_bias(graph: torch.fx.Graph, node: torch.fx.Node, b: Any, x: Any, y: 
     """addmm(b, x, y) -> mm(x, y) + b for a CPU float32 addmm (plain alpha and beta, a 1-d bias) that
     oneDNN left and whose readers are all ember kernels (Note: which library multiplies): ember
     inlines the add into the kernels that read the product anyway."""
-    if node.kwargs or not _cpu_float32(node, b, x, y) or b.meta["val"].dim() != 1:
+    if node.kwargs or not meta.cpu_float32(node, b, x, y) or b.meta["val"].dim() != 1:
         return None
     if not read_by_kernels_only(node):
         return None
@@ -290,10 +282,10 @@ def _dense(node: torch.fx.Node) -> Any:
 def _linear_pays(node: torch.fx.Node, x: Any, weight: Any, b: Any, out_dim: int) -> bool:
     """A CPU float32 matmul big enough for oneDNN, with plain alpha/beta and a 1-d bias;
     `weight`'s dim `out_dim` is the output features."""
-    if node.kwargs or not _cpu_float32(x, weight, node) or weight.meta["val"].dim() != 2:
+    if node.kwargs or not meta.cpu_float32(x, weight, node) or weight.meta["val"].dim() != 2:
         return False
     out_features = weight.meta["val"].shape[out_dim]
-    if b is not None and (not _cpu_float32(b) or b.meta["val"].shape != (out_features,)):
+    if b is not None and (not meta.cpu_float32(b) or b.meta["val"].shape != (out_features,)):
         return False
     in_features = weight.meta["val"].shape[1 - out_dim]
     if not _row_major(x.meta["val"], in_features):
@@ -413,7 +405,7 @@ def _plain_conv2d(node: torch.fx.Node) -> bool:
     if not isinstance(x, torch.Tensor) or not x.is_contiguous(memory_format=torch.channels_last):
         return False  # torch's fake kernel of _convolution_pointwise says NHWC output whatever the input
     transposed, output_padding = node.args[6], node.args[7]
-    return (_cpu_float32(node.args[0], node.args[1], node) and out.dim() == 4 and out.numel() > 0  # type: ignore[union-attr]
+    return (meta.cpu_float32(node.args[0], node.args[1], node) and out.dim() == 4 and out.numel() > 0  # type: ignore[union-attr]
             and not transposed and not any(output_padding))  # type: ignore[arg-type]  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ember.passes import meta
+from ember.passes import meta, mkldnn
 from ember.passes.matcher import FxPat, FxPatternMatcher
 
 aten = torch.ops.aten
@@ -53,32 +53,23 @@ def vector_times_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.
     return meta.call(graph, aten.view.default, (summed, [1, out_features]), like=node.meta["val"])
 
 
-def _one_row_product(node: torch.fx.Node, x: Any, w: Any, b: Any) -> bool:
-    values = [v.meta.get("val") if isinstance(v, torch.fx.Node) else None for v in (node, x, w)]
-    if b is not None:
-        values.append(b.meta.get("val") if isinstance(b, torch.fx.Node) else None)
-    if not all(_cpu_float32(v) for v in values):
+def _one_row_product(node: torch.fx.Node, x: torch.fx.Node, w: torch.fx.Node, b: Any) -> bool:
+    if not meta.cpu_float32(node, x, w, *([b] if b is not None else [])):
         return False
-    out, x_value, weight = values[:3]
+    out, x_value, weight = node.meta["val"], x.meta["val"], w.meta["val"]
     if weight.dim() != 2 or not weight.is_contiguous() or x_value.dim() != 2 or out.dim() != 2:
         return False
     if not all(isinstance(s, int) for s in (*x_value.shape, *weight.shape)):
         return False  # symbolic sizes: a row count that may grow (a prompt), decided per call elsewhere
     if x_value.shape[0] != 1 or x_value.stride(1) != 1 or not out.is_contiguous():
         return False
-    if b is not None and tuple(values[3].shape) != (weight.shape[0],):
+    if b is not None and tuple(b.meta["val"].shape) != (weight.shape[0],):
         return False
     return weight.shape[0] >= MIN_OUT_FEATURES and weight.shape[0] * weight.shape[1] >= MIN_MACS
 
 
-def _cpu_float32(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.dtype == torch.float32 and value.device.type == "cpu"
-
-
-_x, _w, _b = FxPat.var("x"), FxPat.var("w"), FxPat.var("b")
-_weight_t = FxPat((aten.permute.default,), _w, [1, 0])
-
+# the linear rules' patterns (mkldnn.py): x, b and w.t()
 pm_vector_matmul = FxPatternMatcher([
-    (FxPat(aten.mm.default, _x, _weight_t), vector_times_matrix),          # mm(x, w.t()), x one row
-    (FxPat(aten.addmm.default, _b, _x, _weight_t), vector_times_matrix),   # addmm(b, x, w.t()), x one row
+    (FxPat(aten.mm.default, mkldnn.x, mkldnn.weight_t), vector_times_matrix),            # mm(x, w.t()), x one row
+    (FxPat(aten.addmm.default, mkldnn.b, mkldnn.x, mkldnn.weight_t), vector_times_matrix),  # addmm(b, x, w.t())
 ])  # fmt: skip

@@ -8,6 +8,7 @@ with its reason (`WhyNoFuse`), for `EMBER_DEBUG` and `ember.explain`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ember.ir import ComputedBuffer
@@ -253,12 +254,14 @@ def stored_by_every_program(members: list[SchedulerNode]) -> str | None:
 def nested_reduction(bodies: dict) -> str | None:
     """The member whose body would reduce over values that themselves reduce, per position of
     the outer reduction's loop (cross-entropy's mean of per-row logsumexps)."""
-    for name, body in bodies.items():
-        for u in body.toposort:
-            if u.op is Ops.REDUCE and any(v is not u and v.op is Ops.REDUCE and v.ranges & set(u.src[1:])
-                                          for v in u.src[0].toposort):  # fmt: skip
-                return name
-    return None
+    return next((name for name, body in bodies.items() if next(reductions_in_reductions(body), None)), None)
+
+
+def reductions_in_reductions(body: UOp) -> Iterator[UOp]:
+    """Each reduction in `body` that runs inside another's loop: it depends on that one's range."""
+    for u in body.toposort:
+        if u.op is Ops.REDUCE:
+            yield from (v for v in u.src[0].toposort if v is not u and v.op is Ops.REDUCE and v.ranges & set(u.src[1:]))
 
 
 def inner_reduction_per_output(bodies: dict) -> str | None:
@@ -271,14 +274,9 @@ def inner_reduction_per_output(bodies: dict) -> str | None:
     each row's inner reduction runs once.)"""
     for name, body in bodies.items():
         outputs = {u.arg for u in body.toposort if u.op is Ops.AXIS}
-        for u in body.toposort:
-            if u.op is not Ops.REDUCE:
-                continue
-            for inner in u.src[0].toposort:
-                if inner is u or inner.op is not Ops.REDUCE or not inner.ranges & set(u.src[1:]):
-                    continue
-                if outputs - {a.arg for a in inner.toposort if a.op is Ops.AXIS}:
-                    return name
+        for inner in reductions_in_reductions(body):
+            if outputs - {a.arg for a in inner.toposort if a.op is Ops.AXIS}:
+                return name
     return None
 
 
