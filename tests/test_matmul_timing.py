@@ -22,6 +22,7 @@ pytestmark = pytest.mark.skipif(not mkldnn.applicable(), reason="torch built wit
 
 @pytest.fixture(autouse=True)
 def timing_on(monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBER_TEST_DEVICE", "cpu")  # oneDNN takes CPU linears: `check` stays there on a GPU machine too
     monkeypatch.setenv("EMBER_MATMUL_TIMING", "1")
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))  # no verdict recorded by another test
     monkeypatch.setenv("EMBER_GRAPH_CACHE", "0")  # the graph cache would skip the passes
