@@ -24,6 +24,7 @@ from ember import config as config_module
 from ember.collector import collection_paused
 from ember.compile_graph import compile_graph
 from ember.compile_symbolic import compile_symbolic, record_fallback
+from ember.data_dependent import data_dependent_size
 from ember.donation import mark_donated_inputs
 from ember.errors import EmberError, warn_at_user_code
 from ember.frame_chunks import call_with_frame_room
@@ -98,6 +99,11 @@ def compile_aot_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], confi
 def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config, role: str = "graph") -> Callable:
     """`role`: forward, backward, inference, or graph (unknown). A forward's or an inference
     graph's caller holds every input through the call (passes/eager_memory.py INPUTS_HELD)."""
+    if (refused := data_dependent_size(gm)) is not None:  # Note: data-dependent sizes
+        error = EmberError("frontend", refused[1], op=refused[0])
+        if config.strict:
+            raise error
+        return make_boxed_func(eager_fallback(gm, error))
     if is_symbolic(example_inputs):  # Note: symbolic sizes; else Note: dynamic shapes by specialization
         if role in ("forward", "inference"):
             gm.meta[INPUTS_HELD] = True

@@ -25,7 +25,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
-from ember.errors import warn_at_user_code
+from ember.errors import EmberError, warn_at_user_code
 from ember.metrics import metrics
 
 SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -81,7 +81,18 @@ class ShapeSpecializedGraph:
                                   "new shapes run eagerly (raise EMBER_SHAPE_SPECIALIZATIONS)")  # fmt: skip
             return self.run_eagerly
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        static_gm = static_graph(self.gm, args)
+        try:
+            static_gm = static_graph(self.gm, args)
+        except Exception as e:  # a failure here is a graph ember cannot compile, as any other
+            error = EmberError("specialize", f"the graph could not be run on fake tensors of this call's shapes: "
+                                             f"{type(e).__name__}: {e}")  # fmt: skip
+            if self.strict:
+                raise error from e
+            metrics.add(graphs_failed=1)
+            warn_at_user_code(f"{error}\nember: running this graph eagerly at these shapes "
+                              "(set EMBER_STRICT=1 to raise).")  # fmt: skip
+            self.compiled[key] = self.run_eagerly
+            return self.run_eagerly
         call = self.compile_static(static_gm, [args[i] for i in tensors])
         specialized = self.tensors_only(call, tensors)
         self.compiled[key] = specialized

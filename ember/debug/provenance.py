@@ -97,7 +97,7 @@ def step_origins(gm: torch.fx.GraphModule, holds: dict[str, tuple[str, Layout]],
             region.update(fused_nodes(node, i, step_of, order))
         ordered = sorted(region, key=order.__getitem__)
         aten = tuple(dict.fromkeys(_op_name(n.target) for n in ordered))
-        lines = [line for n in ordered if (line := _user_line(n))]
+        lines = [line for n in ordered if (line := user_line(n))]
         if not lines and ordered:
             lines = [source_line(ordered[-1], tuple(ordered))]
         distinct = list(dict.fromkeys(lines))
@@ -124,7 +124,7 @@ def _op_name(target: object) -> str:
     return name.removeprefix("aten.")
 
 
-def _user_line(node: torch.fx.Node) -> str:
+def user_line(node: torch.fx.Node) -> str:
     """`file:line: code` of the innermost frame of the node's stack trace; '' without one."""
     trace = node.meta.get("stack_trace")
     return _innermost_user_frame(trace) if trace else ""
