@@ -58,6 +58,10 @@ class Config:
     horizontal_fusion: bool = _flag(True, "EMBER_HORIZONTAL_FUSION", True,
                                     "launch independent small elementwise kernels (an optimizer's per-parameter "
                                     "updates) as one kernel (Note: horizontal fusion)")  # fmt: skip
+    collective_overlap: bool = _flag(True, "EMBER_COLLECTIVE_OVERLAP", True,
+                                     "issue each collective in a graph as early and wait for it as late as the "
+                                     "data allows (Note: collectives in the graph); off: where the graph has "
+                                     "them, as traced")  # fmt: skip
     graph_cache: bool = _flag(True, "EMBER_GRAPH_CACHE", False, "load graphs compiled before from the cache")
     explain_file: str = _flag("", "EMBER_EXPLAIN_FILE", False, "append each graph's explanation to this file")
     partitioner: str = _flag("min_cut", "EMBER_PARTITIONER", False,

@@ -120,3 +120,16 @@ def test_verify_checks_a_collective_by_its_wait():
                for b in s.outputs}  # fmt: skip
     checked = {name for names in verified_buffers(graph, scheduled.steps, {}).values() for name in names}
     assert started and not started & checked, (started, checked)
+
+
+def test_overlap_off_keeps_the_traced_order_and_the_buffers_in_flight():
+    """EMBER_COLLECTIVE_OVERLAP=0: collectives and waits where the graph has them (the matmul and
+    tanh traced after the all-reduce's wait stay after it), waits still keeping their inputs."""
+    shapes = [(4, 8), (8, 8)]
+    graph, _ = lower_graph(traced(chained_reductions, *shapes), [torch.empty(s) for s in shapes])
+    moved, kept = schedule(graph).overlaps, schedule(graph, overlap=False).overlaps
+    assert moved[0].kernels + moved[0].externs >= 1, moved  # reordered: work between all_reduce and its wait
+    assert kept[0].kernels + kept[0].externs == 0, kept
+    steps = schedule(graph, overlap=False).steps
+    waits = [s for s in steps if "wait_tensor" in str(getattr(s, "op", ""))]
+    assert len(waits) == 2 and all(w.keeps_alive for w in waits), waits
