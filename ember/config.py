@@ -109,6 +109,10 @@ class Config:
     matmul_timing: bool = _flag(True, "EMBER_MATMUL_TIMING", True,
                                 "time aten's matmul against oneDNN's linear once per machine and shape, and give "
                                 "oneDNN the static linears it runs faster (Note: timed matmul libraries)")  # fmt: skip
+    onednn_slack_kb: int = _flag(0, "EMBER_ONEDNN_SLACK_KB", True,
+                                 "KiB of oneDNN scratchpad a linear may add above the peak eager reaches "
+                                 "(Note: oneDNN's scratchpad): 0 keeps ember's memory at or below eager's; "
+                                 "an LM head, the peak itself, goes to oneDNN only with some", minimum=0)  # fmt: skip
     mkldnn_relu: bool = _flag(False, "EMBER_MKLDNN_RELU", True,
                               "relu as a oneDNN post-op too: faster, but relu(NaN) gives 0, not NaN")  # fmt: skip
     pre_passes: tuple = _flag((), "", False, "callables f(graph: torch.fx.Graph) run before ember's passes")

@@ -18,7 +18,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from ember.metrics import metrics
-from ember.passes import mkldnn
+from ember.passes import matmul_timing, mkldnn
 from ember.runtime.memory import release_pooled_buffers
 from tests.helpers import compile_fn, cpu_kernels_only
 
@@ -148,6 +148,32 @@ def test_encoder_layer_linears_use_onednn_within_eager_peak(two_threads):
         eager, ours = peak_bytes(lambda: layer(x)), peak_bytes(lambda: compiled(x))
         torch.testing.assert_close(compiled(x), layer(x), rtol=1e-4, atol=1e-4)
     assert ours <= eager, f"ember's peak {ours} bytes, eager's {eager}"
+
+
+@pytest.mark.skipif(not mkldnn.applicable(), reason="torch built without oneDNN")
+@pytest.mark.parametrize("slack_kb, rewritten", [(0, 0), (1024, 1)])
+def test_a_head_at_the_peak_takes_onednn_only_within_the_slack(two_threads, monkeypatch, tmp_path, slack_kb, rewritten):
+    """A language model's head: its logits are the graph's peak, so no scratchpad fits under
+    eager's peak there; EMBER_ONEDNN_SLACK_KB lets it take oneDNN's (timed faster here), and the
+    peak then passes eager's by at most the slack."""
+    monkeypatch.setenv("EMBER_ONEDNN_SLACK_KB", str(slack_kb))
+    monkeypatch.setenv("EMBER_MATMUL_TIMING", "1")
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))  # no verdict or graph from another test
+    monkeypatch.setattr(matmul_timing, "time_both", lambda shape: (2.0, 1.0))
+    matmul_timing.forget_verdicts()
+    torch.manual_seed(0)
+    head = nn.Sequential(nn.LayerNorm(512), nn.Linear(512, 8192, bias=False)).eval()
+    x = torch.randn(64, 512)
+    compiled = compile_fn(head)
+    with torch.no_grad():
+        assert _rewrites_while(lambda: compiled(x)) == rewritten
+        compiled(x)
+        eager, ours = peak_bytes(lambda: head(x)), peak_bytes(lambda: compiled(x))
+        torch.testing.assert_close(compiled(x), head(x), rtol=1e-4, atol=1e-4)
+    assert ours <= eager + slack_kb * 1024, f"ember's peak {ours} bytes, eager's {eager}, slack {slack_kb} KiB"
+    if rewritten:
+        assert ours > eager, "the scratchpad is the only extra memory: a head without one is no test of the slack"
+    matmul_timing.forget_verdicts()
 
 
 @pytest.mark.skipif(not mkldnn.applicable(), reason="torch built without oneDNN")

@@ -57,7 +57,7 @@ def run_passes(gm: torch.fx.GraphModule, config: Config) -> tuple[torch.fx.Graph
             rewrites["channels_last"] += layout.channels_last_convolutions(graph)
         onednn = config.mkldnn_fusion and mkldnn.applicable()
         if onednn:  # on eager's graph, before vector_matmul (whose products are never materialized)
-            mkldnn.annotate_headroom(graph, gm.meta.get(INPUTS_HELD, False))
+            mkldnn.annotate_headroom(graph, gm.meta.get(INPUTS_HELD, False), config.onednn_slack_kb * 1024)
         if config.vector_matmul:
             rewrites["vector_matmul"] += vector_matmul.pm_vector_matmul.apply(graph)
         if onednn:
