@@ -104,7 +104,7 @@ LINEAR_MIN_MACS = 1 << 20
 # A language model's head is the graph's peak (its logits), so no scratchpad fits there, and it
 # stays with MKL, at about half of oneDNN's speed on an AMD EPYC: LLaMA-style and GPT-2 small at
 # batch 8 x 128 ran at 1.38x and 1.58x of eager, and 1.87x and 2.12x with their heads on oneDNN,
-# for 258 KiB over eager's peak of 131 and 206 MB at 2 threads. config.onednn_slack_kb
+# for 258 KiB over eager's peak of 127 and 199 MiB at 2 threads. config.onednn_slack_kb
 # (EMBER_ONEDNN_SLACK_KB, 0 by default) is the KiB above eager's peak the scratchpads may take.
 HEADROOM = "ember_headroom_bytes"  # node.meta key: what annotate_headroom found for the node
 WEIGHT_PANEL = 64  # columns of the weight panel each thread copies
