@@ -78,6 +78,49 @@ def test_small_linears_are_not_timed(monkeypatch):
 
 
 @pytest.mark.parametrize("aten_ms, onednn_ms, rewritten", [(2.0, 1.0, 1), (1.0, 2.0, 0)])
+def test_a_one_row_product_of_a_large_weight_is_timed_under_the_fixed_cost(monkeypatch, aten_ms, onednn_ms, rewritten):
+    """A decode step's GPT-2 attention projection: one row by a 768 x 768 (in, out) weight, 590 K
+    multiply-adds (under LINEAR_MIN_MACS) but 2.4 MB of weight to stream: timed, and oneDNN's
+    where it was timed faster; a one-row product of a 256 KB weight is not timed."""
+    asked = timed(monkeypatch, aten_ms, onednn_ms)
+    check(lambda b, x, w: torch.addmm(b, x, w), data((768,)), data((1, 768)), data((768, 768), seed=1), atol=5e-4)
+    assert 768 * 768 < mkldnn.LINEAR_MIN_MACS and 768 * 768 * 4 >= mkldnn.ONE_ROW_MIN_WEIGHT_BYTES
+    assert [(s.rows, s.in_features, s.out_features, s.weight_in_out) for s in asked] == [(1, 768, 768, True)]
+    assert ember.metrics.pass_rewrites["mkldnn_linear"] == rewritten
+    asked.clear()
+    check(lambda b, x, w: torch.addmm(b, x, w), data((256,)), data((1, 256)), data((256, 256), seed=1), atol=5e-4)
+    assert asked == []
+
+
+def test_a_one_row_product_is_timed_over_weights_that_outgrow_the_cache(monkeypatch):
+    """Note: timed matmul libraries: one row reads its weight from memory in a real model, so the
+    timing reads copies holding twice the last-level cache; more rows, one copy (warm)."""
+    monkeypatch.setattr(matmul_timing, "last_level_cache_bytes", lambda: 32 << 20)
+    assert matmul_timing.cold_copies(1, 768 * 768 * 4) == 29  # 29 x 2.36 MB >= 64 MiB
+    assert matmul_timing.cold_copies(1, 200 << 20) == 1
+    assert matmul_timing.cold_copies(1, 1024) == matmul_timing.MAX_COLD_COPIES
+    assert matmul_timing.cold_copies(8, 768 * 768 * 4) == 1
+    read = []
+    real = torch.ops.mkldnn._linear_pointwise
+
+    class Spy:
+        def __call__(self, x, w, *args):
+            read.append(w.data_ptr())
+            return real(x, w, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", Spy())
+    aten_ms, onednn_ms = matmul_timing.time_both(LinearShape(1, 768, 768, False, True))
+    assert aten_ms > 0 and onednn_ms > 0
+    assert len(read) >= 4 and len(set(read)) == len(read), "each call reads a copy no call read before"
+
+
+def test_last_level_cache_is_read_from_the_machine():
+    matmul_timing.last_level_cache_bytes.cache_clear()
+    size = matmul_timing.last_level_cache_bytes()
+    assert size >= 1 << 20 and size == matmul_timing.last_level_cache_bytes()
+
+
+@pytest.mark.parametrize("aten_ms, onednn_ms, rewritten", [(2.0, 1.0, 1), (1.0, 2.0, 0)])
 def test_a_symbolic_linear_is_timed_at_its_example_and_sized_at_each_call(monkeypatch, aten_ms, onednn_ms, rewritten):
     """A graph with symbolic rows times its linear at the example's rows (the symbol's hint) and,
     where oneDNN won, calls `linear_by_size`, which leaves calls under LINEAR_MIN_MACS to aten."""

@@ -20,6 +20,12 @@ Note: timed matmul libraries
     takes at most 1 - MARGIN of aten's time: a margin for noise, and for oneDNN's scratchpad
     (Note: oneDNN's scratchpad).
 
+    A product of one row (a decode step's) reads each weight element once, and in a model larger
+    than the caches the weight comes from memory: timed on a warm cache, GPT-2's 768 x 768 one-row
+    product showed the two libraries alike, where from memory oneDNN took half of MKL's time. So
+    a one-row product is timed over copies of its weight (`cold_copies`) that together hold
+    twice the last-level cache, each call reading the copy least recently read.
+
     The verdict is recorded in the cache (`matmul/`), keyed by the shape, the layout, the
     machine (CPU model, threads) and torch's version, with its key and checksum (Note: cache
     safety): a later compile, in this process or another, reads it instead of timing; a
@@ -31,6 +37,7 @@ Note: timed matmul libraries
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -47,7 +54,9 @@ MARGIN = 0.1
 TIMED_MACS = 1 << 26  # about 0.7 ms of one aten product on 2 threads of an AMD EPYC, 0.3 of oneDNN's
 TIMED_ROWS, TIMED_COLUMNS = 256, 256
 MIN_ROUNDS, MAX_ROUNDS, BUDGET_S = 3, 5, 0.03  # a shape costs a compile about 5-15 ms, once per machine
-RECORD_VERSION = "1"
+RECORD_VERSION = "2"  # 2: one-row products timed with their weights from memory
+MAX_COLD_COPIES = 64
+DEFAULT_LAST_LEVEL_CACHE = 32 << 20
 
 log = logging.getLogger("ember.passes")
 
@@ -109,12 +118,20 @@ def time_both(shape: LinearShape) -> tuple[float, float]:
         # float32 on the CPU whatever torch's defaults (set_default_dtype, set_default_device) say
         made = {"dtype": torch.float32, "device": "cpu"}
         x = torch.randn(rows, k, **made)
-        stored = torch.randn(k, n, **made) if shape.weight_in_out else torch.randn(n, k, **made)
-        weight = stored.t() if shape.weight_in_out else stored  # (out, in), as the linear reads it
+        copies = cold_copies(rows, n * k * 4)
+        first = torch.randn(k, n, **made) if shape.weight_in_out else torch.randn(n, k, **made)
+        stored = [first] + [first.clone() for _ in range(copies - 1)]  # (cloning costs a copy, randn much more)
+        weights = [w.t() if shape.weight_in_out else w for w in stored]  # (out, in), as the linear reads it
         bias = torch.randn(n, **made) if shape.bias else None
+        turn = [0]
+
+        def weight() -> torch.Tensor:  # the copy least recently read (the only one when warm)
+            turn[0] += 1
+            return weights[turn[0] % copies]
+
         runs = [
-            (lambda: torch.mm(x, weight.t())) if bias is None else (lambda: torch.addmm(bias, x, weight.t())),
-            lambda: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], ""),
+            (lambda: torch.mm(x, weight().t())) if bias is None else (lambda: torch.addmm(bias, x, weight().t())),
+            lambda: torch.ops.mkldnn._linear_pointwise(x, weight(), bias, "none", [], ""),
         ]
         best = [float("inf")] * 2
         for run in runs:  # the first call of each allocates and packs
@@ -127,6 +144,27 @@ def time_both(shape: LinearShape) -> tuple[float, float]:
                 best[i] = min(best[i], time.perf_counter() - began)
             rounds += 1
     return best[0] * 1e3, best[1] * 1e3
+
+
+def cold_copies(rows: int, weight_bytes: int) -> int:
+    """How many copies of the weight a timing reads in turn: for one row, enough to hold twice the
+    last-level cache (at most MAX_COLD_COPIES), so each call streams its weight from memory."""
+    if rows != 1:
+        return 1
+    return max(1, min(MAX_COLD_COPIES, -(-2 * last_level_cache_bytes() // max(1, weight_bytes))))
+
+
+@functools.cache
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache's size (Linux's sysfs), or DEFAULT_LAST_LEVEL_CACHE."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = path.read_text().strip().upper()
+            sizes.append(int(text[:-1]) << {"K": 10, "M": 20, "G": 30}[text[-1]] if text[-1] in "KMG" else int(text))
+        except (OSError, ValueError, IndexError):
+            continue
+    return max(sizes, default=DEFAULT_LAST_LEVEL_CACHE)
 
 
 def forget_verdicts() -> None:

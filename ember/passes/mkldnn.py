@@ -60,6 +60,12 @@ RELU_POST_OP = {aten.relu.default: ("relu", "")}
 # oneDNN's linear costs ~10 us more per call than aten's addmm (one thread): it wins from about
 # a million multiply-adds (2048x64x10: 37 vs 83 us; 128x64x64: 19 vs 14 us; 16x8x4: 14 vs 3 us)
 LINEAR_MIN_MACS = 1 << 20
+# A product of one row (a decode step's) reads each weight element once: its time is streaming the
+# weight, which in a model larger than the caches comes from memory, microseconds per 100 KB, next
+# to which oneDNN's fixed cost is small. Such a product is timed (Note: timed matmul libraries)
+# from ONE_ROW_MIN_WEIGHT_BYTES of weight up, under LINEAR_MIN_MACS too: GPT-2's 768 x 768
+# attention projection at a decode step took MKL 105 us (22 GB/s) against oneDNN's 46 GB/s.
+ONE_ROW_MIN_WEIGHT_BYTES = 1 << 20
 
 
 # Note: which library multiplies
@@ -153,7 +159,8 @@ def linear(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node, w: torc
     timings, None when they are off (config.matmul_timing)."""
     if not _linear_pays(node, x, w, b, out_dim=0):
         return None
-    if not (_post_op_pays(node, relu) or _timed_faster(node, x, w, b, 0, False, timed_in)):
+    fused = _post_op_pays(node, relu) and _past_fixed_cost(node, x)
+    if not (fused or _timed_faster(node, x, w, b, 0, False, timed_in)):
         return None
     return _linear_call(graph, node, (x, w, b, "none", [], ""))
 
@@ -175,7 +182,8 @@ def linear_of_matrix(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Nod
         return None
     if not _linear_pays(node, x, y, b, out_dim=1):
         return None
-    if not ((not in_out and _post_op_pays(node, relu)) or _timed_faster(node, x, y, b, 1, in_out, timed_in)):
+    fused = not in_out and _post_op_pays(node, relu) and _past_fixed_cost(node, x)
+    if not (fused or _timed_faster(node, x, y, b, 1, in_out, timed_in)):
         return None
     weight = meta.call(graph, aten.permute.default, (y, [1, 0]))
     return _linear_call(graph, node, (x, weight, b, "none", [], ""))
@@ -297,10 +305,26 @@ def _linear_pays(node: torch.fx.Node, x: Any, weight: Any, b: Any, out_dim: int)
         return False  # oneDNN copies the whole input first; aten's BLAS reads it in place
     if _symbolic_linear(node, in_features):
         return True  # decided at every call (Note: a symbolic linear picks its matmul at run time)
-    if node.meta["val"].numel() * in_features < max(LINEAR_MIN_MACS, 1):
+    if not _past_fixed_cost(node, x) and not _streams_one_row(node, in_features):
         return False
     scratchpad = linear_scratchpad_bytes(x.meta["val"], in_features, torch.get_num_threads())
     return scratchpad <= node.meta.get(HEADROOM, 0)
+
+
+def _past_fixed_cost(node: torch.fx.Node, x: torch.fx.Node) -> bool:
+    """At least LINEAR_MIN_MACS multiply-adds; a symbolic linear is asked at each call instead
+    (Note: a symbolic linear picks its matmul at run time), never here, where a comparison of
+    symbolic sizes would add a guard."""
+    in_features = x.meta["val"].shape[-1]
+    if _symbolic_linear(node, in_features):
+        return True
+    return node.meta["val"].numel() * in_features >= max(LINEAR_MIN_MACS, 1)
+
+
+def _streams_one_row(node: torch.fx.Node, in_features: int) -> bool:
+    """One row by a weight of ONE_ROW_MIN_WEIGHT_BYTES or more (a static linear)."""
+    rows, out_features = node.meta["val"].shape
+    return rows == 1 and out_features * in_features * 4 >= ONE_ROW_MIN_WEIGHT_BYTES
 
 
 def _row_major(x: torch.Tensor, in_features: int) -> bool:
