@@ -1,4 +1,5 @@
-"""Real models at real sizes, for `python -m benchmarks.run --suite real`: inference at batch 1 and 8.
+"""Real models at real sizes, for `python -m benchmarks.run --suite real`: inference at batch 1 and 8,
+and training steps of the text models at batch 2.
 
 `transformers` models built from configs with random weights (nothing is downloaded): GPT-2 small
 (12 layers, width 768), BERT-base, a LLaMA-style decoder (small hidden, grouped-query attention,
@@ -9,6 +10,11 @@ reference, at least five timing rounds). Text models read 128 tokens per sample 
 vision models one 224 x 224 image per sample. The runner, its columns and its correctness check
 (against a float64 copy of the model) are benchmarks/run.py's; factories seed the RNG so the warm
 compile subprocess builds identical workloads. `quick` gives tiny configs, for the smoke test.
+
+Training steps (`gpt2_small_train`, `llama_gqa_train`, `bert_base_train`): the language-model loss
+on 2 x 128 tokens (BERT's masked-LM loss with every token its own label), forward and backward,
+no optimizer, every dropout probability 0 so that the compiled gradients can be checked against
+float64 eager's.
 """
 
 from __future__ import annotations
@@ -129,7 +135,59 @@ def _factory(name: str, batch: int) -> Callable[[bool], Workload | None]:
     return make
 
 
-# The registry, model by model, each at batch 1 then 8 (`--models gpt2_small_b1,resnet50_b8`).
+class LanguageModelLoss(nn.Module):
+    """A `transformers` language model's loss with its own input ids as labels (a causal model's
+    next-token loss, a masked model's loss on every token)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, labels=input_ids).loss
+
+
+def gpt2_small_train(quick: bool) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    size = dict(n_layer=1, n_embd=64, n_head=4, vocab_size=1000) if quick else {}
+    return GPT2LMHeadModel(GPT2Config(**size, use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+
+
+def llama_gqa_train(quick: bool) -> nn.Module:
+    """The inference workload's LLaMA-style model (8 layers, width 512, GQA 8/2, SwiGLU)."""
+    return llama_gqa(1, quick)[0].model
+
+
+def bert_base_train(quick: bool) -> nn.Module:
+    from transformers import BertConfig, BertForMaskedLM
+
+    size = dict(num_hidden_layers=1, hidden_size=64, num_attention_heads=4, intermediate_size=256) if quick else {}
+    return BertForMaskedLM(BertConfig(**size, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+
+
+TRAINING: dict[str, Callable[[bool], nn.Module]] = {
+    "gpt2_small_train": gpt2_small_train, "llama_gqa_train": llama_gqa_train, "bert_base_train": bert_base_train,
+}  # fmt: skip
+
+
+def _training_factory(name: str) -> Callable[[bool], Workload | None]:
+    def make(quick: bool) -> Workload | None:
+        if not has_transformers():
+            return None
+        torch.manual_seed(0)
+        model = TRAINING[name](quick)
+        tokens = _tokens(TRAINING_BATCH, model.config.vocab_size, quick)
+        return Workload(name, LanguageModelLoss(model).train(), (tokens,), True)
+
+    return make
+
+
+TRAINING_BATCH = 2
+
+# The registry, model by model, each at batch 1 then 8 (`--models gpt2_small_b1,resnet50_b8`),
+# then the training steps.
 WORKLOADS: dict[str, Callable[[bool], Any]] = {
-    f"{name}_b{batch}": _factory(name, batch) for name in MODELS for batch in BATCHES
+    **{f"{name}_b{batch}": _factory(name, batch) for name in MODELS for batch in BATCHES},
+    **{name: _training_factory(name) for name in TRAINING},
 }

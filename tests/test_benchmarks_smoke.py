@@ -57,11 +57,12 @@ def run_rows(tmp_path, *options: str) -> dict:
 
 def test_optimizer_step_and_real_model_workloads(tmp_path):
     """The whole training step with AdamW (each compiler on its own copy), and the real-model
-    suite's registry (`--suite real`, warm compile subprocess included)."""
+    suite's registry (`--suite real`, warm compile subprocess included), a training step too."""
     pytest.importorskip("transformers")
     rows = run_rows(tmp_path, "--models", "gpt2_adamw", "--no-warm")
     rows |= run_rows(tmp_path, "--suite", "real", "--models", "resnet50_b1")
-    assert set(rows) == {"gpt2_adamw", "resnet50_b1"}
+    rows |= run_rows(tmp_path, "--suite", "real", "--models", "bert_base_train", "--no-warm")
+    assert set(rows) == {"gpt2_adamw", "resnet50_b1", "bert_base_train"}
     for name, row in rows.items():
         errors = dict(row["errors"])
         if errors.get("ember warm") == SOURCE_CHANGED:  # someone edited ember during the run
