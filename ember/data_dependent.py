@@ -24,7 +24,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._pytree import tree_flatten
 
-from ember.debug.provenance import user_line
+from ember.debug.provenance import op_name, user_line
 
 
 def data_dependent_size(gm: torch.fx.GraphModule) -> tuple[str, str] | None:
@@ -40,7 +40,7 @@ def data_dependent_size(gm: torch.fx.GraphModule) -> tuple[str, str] | None:
         sized = sorted((s for v in values for s in _unbacked(v, sizes_only=True)), key=str)
         if sized:
             origin = made_by[sized[0]]
-            op = _op_name(origin)
+            op = op_name(origin.target).removesuffix(".default")
             described = ".item() (_local_scalar_dense)" if op == "_local_scalar_dense" else op
             line = user_line(origin) or user_line(node)
             at = f", at {line}" if line else ""
@@ -59,8 +59,3 @@ def _unbacked(value: Any, sizes_only: bool) -> set:
     if not sizes_only and isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
         return free_unbacked_symbols(value)
     return set()
-
-
-def _op_name(node: torch.fx.Node) -> str:
-    name = getattr(node.target, "__name__", str(node.target))
-    return name.removesuffix(".default")

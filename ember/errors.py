@@ -41,6 +41,11 @@ def stage(name: str, timings: dict[str, float]) -> Iterator[None]:
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
 
 
+def warn_running_eagerly(error: Exception) -> None:
+    """The one warning a graph that ember could not compile gives (unless strict, which raises)."""
+    warn_at_user_code(f"{error}\nember: running this graph eagerly instead (set EMBER_STRICT=1 to raise).")
+
+
 def warn_at_user_code(message: str, category: type[Warning] = UserWarning) -> None:
     """Warn, attributed to the innermost caller outside ember, torch and Python's own import
     machinery: the line of the user's program that led here, not a file inside torch."""

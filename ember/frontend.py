@@ -26,7 +26,7 @@ from ember.compile_graph import compile_graph
 from ember.compile_symbolic import compile_symbolic, record_fallback
 from ember.data_dependent import data_dependent_size
 from ember.donation import mark_donated_inputs
-from ember.errors import EmberError, warn_at_user_code
+from ember.errors import EmberError, warn_running_eagerly
 from ember.frame_chunks import call_with_frame_room
 from ember.lower.decompositions import corrected_autograd_kernels, decomposition_table
 from ember.metrics import metrics
@@ -128,7 +128,7 @@ def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], con
 def eager_fallback(gm: torch.fx.GraphModule, error: Exception) -> Callable:
     metrics.add(graphs_failed=1)
     log.info("graph runs eagerly: %s", error)  # the user also gets one warning, below
-    warn_at_user_code(f"{error}\nember: running this graph eagerly instead (set EMBER_STRICT=1 to raise).")
+    warn_running_eagerly(error)
     return gm.forward
 
 

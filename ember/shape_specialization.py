@@ -25,7 +25,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
-from ember.errors import EmberError, warn_at_user_code
+from ember.errors import EmberError, warn_at_user_code, warn_running_eagerly
 from ember.metrics import metrics
 
 SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -89,8 +89,7 @@ class ShapeSpecializedGraph:
             if self.strict:
                 raise error from e
             metrics.add(graphs_failed=1)
-            warn_at_user_code(f"{error}\nember: running this graph eagerly at these shapes "
-                              "(set EMBER_STRICT=1 to raise).")  # fmt: skip
+            warn_running_eagerly(error)
             self.compiled[key] = self.run_eagerly
             return self.run_eagerly
         call = self.compile_static(static_gm, [args[i] for i in tensors])

@@ -96,7 +96,7 @@ def step_origins(gm: torch.fx.GraphModule, holds: dict[str, tuple[str, Layout]],
         for node in _step_nodes(step, held, nodes):
             region.update(fused_nodes(node, i, step_of, order))
         ordered = sorted(region, key=order.__getitem__)
-        aten = tuple(dict.fromkeys(_op_name(n.target) for n in ordered))
+        aten = tuple(dict.fromkeys(op_name(n.target) for n in ordered))
         lines = [line for n in ordered if (line := user_line(n))]
         if not lines and ordered:
             lines = [source_line(ordered[-1], tuple(ordered))]
@@ -119,7 +119,7 @@ def _step_nodes(step: Step, held: dict, nodes: dict[str, torch.fx.Node]) -> list
     return found
 
 
-def _op_name(target: object) -> str:
+def op_name(target: object) -> str:
     name = target.__name__ if isinstance(target, types.FunctionType) else str(target)  # ember's own (linear_by_size)
     return name.removeprefix("aten.")
 
@@ -153,7 +153,7 @@ def profiler_labels(steps: list[Step], origins: list[StepOrigin], kernel_vars: d
             if i in kernel_vars:
                 labels[i] = f"ember {kernel_vars[i]}: {listed}" if listed else f"ember {kernel_vars[i]}"
         else:
-            labels[i] = f"ember {'fallback' if step.is_fallback else 'extern'} {_op_name(step.op)}"
+            labels[i] = f"ember {'fallback' if step.is_fallback else 'extern'} {op_name(step.op)}"
     return labels
 
 

@@ -38,6 +38,7 @@ Note: timed matmul libraries
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -123,11 +124,8 @@ def time_both(shape: LinearShape) -> tuple[float, float]:
         stored = [first] + [first.clone() for _ in range(copies - 1)]  # (cloning costs a copy, randn much more)
         weights = [w.t() if shape.weight_in_out else w for w in stored]  # (out, in), as the linear reads it
         bias = torch.randn(n, **made) if shape.bias else None
-        turn = [0]
-
-        def weight() -> torch.Tensor:  # the copy least recently read (the only one when warm)
-            turn[0] += 1
-            return weights[turn[0] % copies]
+        rotation = itertools.cycle(weights)  # each call reads the copy least recently read
+        weight = functools.partial(next, rotation)
 
         runs = [
             (lambda: torch.mm(x, weight().t())) if bias is None else (lambda: torch.addmm(bias, x, weight().t())),
