@@ -1,15 +1,15 @@
-"""FSDP training step of a LLaMA-style model on N ranks: eager vs inductor vs ember step time.
+"""FSDP training step of a LLaMA-style model (or GPT-2) on N ranks: eager vs inductor vs ember step time.
 
     python -m benchmarks.distributed --nproc 4                      # 4 GPUs, NCCL, default sizes
     python -m benchmarks.distributed --device cpu --nproc 2 --tiny  # gloo on the CPU: a smoke test
 
 Spawns `--nproc` ranks (one GPU each, or gloo processes on the CPU) that join one process group
 through a file store. Each rank builds `transformers`' LlamaForCausalLM from a LlamaConfig with
-random weights (nothing downloaded), shards it, and for each backend trains `--steps` AdamW steps
-on random token ids, after `--warmup` steps (the first compiles). A step's time is the slowest
-rank's (every rank waits for the others in the collectives), median over the timed steps; the
-first step's time includes compiling. Losses are checked against eager's (same weights, same data)
-so a wrong compiled step cannot pass as a fast one.
+random weights (nothing downloaded; `--model gpt2`: GPT2LMHeadModel with an untied head), shards
+it, and for each backend trains `--steps` AdamW steps on random token ids, after `--warmup` steps
+(the first compiles). A step's time is the slowest rank's (every rank waits for the others in the
+collectives), median over the timed steps; the first step's time includes compiling. Losses are
+checked against eager's (same weights, same data) so a wrong compiled step cannot pass as a fast one.
 
 Sharding (`--fsdp`):
   fully_shard   FSDP2 `fully_shard` per decoder layer and on the whole model: the collectives run
@@ -18,6 +18,11 @@ Sharding (`--fsdp`):
                 parametrization (as torchtitan's SimpleFSDP): the all-gathers are in the forward
                 graph and the reduce-scatters of the gradients in the backward graph, where the
                 compiler places them
+
+A backend may carry ember settings for its run (`;` between several):
+`--backends inductor,ember,ember@EMBER_COLLECTIVES_IN_FLIGHT=0` compares ember with and without a
+bound on its collectives in flight.
+Each row also gives the step's peak memory (the largest rank's, allocated by torch on the GPU).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nproc", type=int, default=torch.cuda.device_count() or 2, help="ranks (default: the GPUs)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--fsdp", choices=("fully_shard", "simple"), default="fully_shard")
+    parser.add_argument("--model", choices=("llama", "gpt2"), default="llama")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, of " + ", ".join(BACKENDS))
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=1024)
@@ -66,9 +72,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_model(args: argparse.Namespace, device: torch.device) -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
+    if args.model == "gpt2":  # dropout off: eager and compiled steps see the same numbers
+        config = GPT2Config(
+            n_embd=args.hidden, n_layer=args.layers, n_head=args.heads, n_inner=args.intermediate,
+            vocab_size=args.vocab, n_positions=args.seq, tie_word_embeddings=False,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        )  # fmt: skip
+        return GPT2LMHeadModel(config).to(device=device, dtype=getattr(torch, args.dtype)).train()
     config = LlamaConfig(
         hidden_size=args.hidden, intermediate_size=args.intermediate, num_hidden_layers=args.layers,
         num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
@@ -83,7 +96,7 @@ def shard(model: nn.Module, how: str, mesh) -> nn.Module:
             from torch.distributed.fsdp import fully_shard
         except ImportError:  # torch before 2.6
             from torch.distributed._composable.fsdp import fully_shard
-        for layer in model.model.layers:
+        for layer in model.model.layers if hasattr(model, "model") else model.transformer.h:
             fully_shard(layer, mesh=mesh)
         return fully_shard(model, mesh=mesh)
     return simple_fsdp(model, mesh)
@@ -124,12 +137,41 @@ def synchronize(device: torch.device) -> None:
     torch.distributed.barrier()
 
 
-def run_backend(backend: str, args: argparse.Namespace, device: torch.device, mesh, data: list) -> dict:
-    """Train with one backend: each step's loss and seconds (this rank's)."""
+def backend_settings(spec: str) -> tuple[str, dict[str, str]]:
+    """`ember@EMBER_A=1;EMBER_B=2` -> ("ember", {"EMBER_A": "1", "EMBER_B": "2"})."""
+    backend, _, settings = spec.partition("@")
+    pairs = [item.split("=", 1) for item in settings.split(";") if item]
+    if any(len(p) != 2 or not p[0].startswith("EMBER_") for p in pairs) or (pairs and backend != "ember"):
+        raise SystemExit(f"bad backend {spec!r}: settings are ember@EMBER_NAME=value[;EMBER_NAME=value]")
+    return backend, dict(pairs)
+
+
+def run_backend(spec: str, args: argparse.Namespace, device: torch.device, mesh, data: list) -> dict:
+    """Train with one backend: each step's loss and seconds, and the peak memory (this rank's)."""
+
+    backend, settings = backend_settings(spec)
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        return train(backend, args, device, mesh, data)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def train(backend: str, args: argparse.Namespace, device: torch.device, mesh, data: list) -> dict:
     import ember
 
     torch._dynamo.reset()
     ember.metrics.reset()
+    before = 0
+    if device.type == "cuda":  # the peak is counted above what earlier backends left allocated
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
     model = shard(build_model(args, device), args.fsdp, mesh)
     step_fn = HuggingFaceLoss(model)
     if backend != "eager":
@@ -146,12 +188,11 @@ def run_backend(backend: str, args: argparse.Namespace, device: torch.device, me
         synchronize(device)
         seconds.append(time.perf_counter() - start)
         losses.append(loss.item())
+    peak = torch.cuda.max_memory_allocated(device) - before if device.type == "cuda" else None
     del model, optimizer, step_fn
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
     m = ember.metrics
     counts = {"collectives": m.collective_calls, "overlapped_kernels": m.collective_overlap_kernels}
-    return {"losses": losses, "seconds": seconds, "ember": counts if backend == "ember" else None}
+    return {"losses": losses, "seconds": seconds, "peak_bytes": peak, "ember": counts if backend == "ember" else None}
 
 
 def rank_main(rank: int, args: argparse.Namespace, folder: str) -> None:
@@ -193,22 +234,31 @@ def report(args: argparse.Namespace, per_rank: list[dict]) -> None:
             error = max(abs(a - b) for r, mine in zip(per_rank, losses) for a, b in zip(mine, r["eager"]["losses"]))
         rows.append({"backend": backend, "median_step_ms": 1e3 * statistics.median(timed), "first_step_s": steps[0],
                      "losses_rank0": losses[0], "max_loss_diff_vs_eager": error,
+                     "peak_mib": peak_mib([r[backend]["peak_bytes"] for r in per_rank]),
                      "ember_graphs": per_rank[0][backend]["ember"]})  # fmt: skip
-    print(f"FSDP ({args.fsdp}) LLaMA step, {args.nproc} x {args.device}, {args.layers} layers, hidden {args.hidden}, "
-          f"batch {args.batch} x {args.seq} per rank, {args.dtype}")  # fmt: skip
+    print(f"FSDP ({args.fsdp}) {args.model} step, {args.nproc} x {args.device}, {args.layers} layers, "
+          f"hidden {args.hidden}, batch {args.batch} x {args.seq} per rank, {args.dtype}")  # fmt: skip
     for row in rows:
         diff = row["max_loss_diff_vs_eager"]
+        peak = "" if row["peak_mib"] is None else f"   peak {row['peak_mib']:8.0f} MiB"
         print(f"  {row['backend']:9s} median step {row['median_step_ms']:9.2f} ms"
-              f"   first step {row['first_step_s']:7.2f} s"
+              f"   first step {row['first_step_s']:7.2f} s{peak}"
               f"   max |loss - eager's| {'-' if diff is None else f'{diff:.2e}'}"
               + (f"   in ember's graphs: {row['ember_graphs']}" if row["ember_graphs"] else ""))  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": rows}, indent=1))
 
 
+def peak_mib(per_rank: list) -> float | None:
+    return None if None in per_rank else max(per_rank) / 2**20
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    unknown = set(args.backends.split(",")) - set(BACKENDS)
+    specs = args.backends.split(",")
+    if len(set(specs)) < len(specs):
+        raise SystemExit(f"a backend is named twice in {args.backends!r}; each row is one backend")
+    unknown = {backend_settings(spec)[0] for spec in specs} - set(BACKENDS)
     if unknown:
         raise SystemExit(f"unknown backends {sorted(unknown)}; choose from {', '.join(BACKENDS)}")
     if args.device == "cuda" and torch.cuda.device_count() < args.nproc:

@@ -172,6 +172,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
             blocks=backend.capabilities.blocks is not None,
             horizontal=config.horizontal_fusion,
             overlap=config.collective_overlap,
+            in_flight=config.collectives_in_flight,
         )
         steps = scheduled.steps
         tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]  # (graph.inputs: the tensor ones)

@@ -99,3 +99,29 @@ def test_decode_benchmark_tokens_match_eager():
     for name in ("gpt2", "llama"):
         assert f"{name}: 4 tokens, batch 1" in done.stdout, done.stdout
     assert done.stdout.count("  ember ") == 2, done.stdout
+
+
+def test_distributed_benchmark_on_two_gloo_ranks(tmp_path):
+    """benchmarks/distributed.py end to end on the CPU: SimpleFSDP (collectives in ember's graphs),
+    ember with its default bound on collectives in flight and without one, losses against eager's."""
+    pytest.importorskip("transformers")
+    import torch
+
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("this torch has no gloo")
+    out = tmp_path / "dist.json"
+    backends = "eager,ember,ember@EMBER_COLLECTIVES_IN_FLIGHT=0"
+    command = [sys.executable, "-m", "benchmarks.distributed", "--device", "cpu", "--nproc", "2", "--tiny",
+               "--fsdp", "simple", "--backends", backends, "--json", str(out)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    env["EMBER_CACHE_DIR"] = str(tmp_path / "cache")
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {row["backend"]: row for row in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"eager", "ember", "ember@EMBER_COLLECTIVES_IN_FLIGHT=0"}
+    bounded, unbounded = rows["ember"]["ember_graphs"], rows["ember@EMBER_COLLECTIVES_IN_FLIGHT=0"]["ember_graphs"]
+    assert bounded["collectives"] == unbounded["collectives"] > 0
+    # the bound keeps fewer kernels beside collectives in flight than no bound does
+    assert 0 < bounded["overlapped_kernels"] < unbounded["overlapped_kernels"]
+    for row in rows.values():
+        assert row["max_loss_diff_vs_eager"] < 1e-4, row

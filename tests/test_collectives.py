@@ -133,3 +133,55 @@ def test_overlap_off_keeps_the_traced_order_and_the_buffers_in_flight():
     steps = schedule(graph, overlap=False).steps
     waits = [s for s in steps if "wait_tensor" in str(getattr(s, "op", ""))]
     assert len(waits) == 2 and all(w.keeps_alive for w in waits), waits
+
+
+def layers_of_gathered_weights(x, w0, w1, w2, w3):
+    """An FSDP-style forward: each layer all-gathers its weight shard, then uses it."""
+    for w in (w0, w1, w2, w3):
+        x = torch.tanh(x @ c10d.wait_tensor(c10d.all_gather_into_tensor(w, 2, "0")))
+    return x
+
+
+def layers_reduce_scattered(x, w0, w1, w2, w3):
+    """An FSDP-style backward: each layer's result (a gradient) reduce-scattered, waited for only
+    at the end."""
+    scattered = []
+    for w in (w0, w1, w2, w3):
+        x = torch.tanh(x @ w)
+        scattered.append(c10d.reduce_scatter_tensor(x * 2, "sum", 2, "0"))
+    return x, *(c10d.wait_tensor(s) for s in scattered)
+
+
+def most_in_flight(steps) -> int:
+    from ember.schedule.collectives import is_start, waited_collectives
+
+    waits = waited_collectives(steps)
+    issued, most = 0, 0
+    for i, step in enumerate(steps):
+        issued += 1 if is_start(step) else -1 if i in waits else 0
+        most = max(most, issued)
+    return most
+
+
+def collective_names(steps) -> list[str]:
+    return [str(s.op) for s in steps if "c10d" in str(getattr(s, "op", "")) and "wait" not in str(s.op)]
+
+
+@pytest.mark.parametrize("bound", [1, 2, 3])
+@pytest.mark.parametrize("fn", [layers_of_gathered_weights, layers_reduce_scattered], ids=["gathers", "scatters"])
+def test_a_bound_on_collectives_in_flight_holds_back_the_next_and_still_overlaps(fn, bound):
+    """EMBER_COLLECTIVES_IN_FLIGHT: unbounded, every all-gather is issued at the start (each
+    gathered weight alive from there on) and every reduce-scatter waited for at the end; with a
+    bound, never more than that many are in flight, and each collective but the last ones still
+    has work running beside it."""
+    weight = (4, 8) if fn is layers_of_gathered_weights else (8, 8)  # a shard of an (8, 8) weight, or all of it
+    shapes = [(4, 8)] + [weight] * 4
+    graph, _ = lower_graph(traced(fn, *shapes), [torch.empty(s) for s in shapes])
+    unbounded = schedule(graph)
+    assert most_in_flight(unbounded.steps) == 4, [str(getattr(s, "op", "kernel")) for s in unbounded.steps]
+    bounded = schedule(graph, in_flight=bound)
+    assert most_in_flight(bounded.steps) == bound
+    overlaps = bounded.overlaps
+    assert len(overlaps) == 4 and all(o.wait is not None for o in overlaps)
+    assert sum(1 for o in overlaps if o.kernels + o.externs) >= 4 - bound, overlaps
+    assert collective_names(bounded.steps) == collective_names(unbounded.steps)

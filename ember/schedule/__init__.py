@@ -64,10 +64,11 @@ class Schedule:
 
 
 def schedule(graph: LoweredGraph, fusion: bool = True, blocks: bool = False, horizontal: bool = True,
-             overlap: bool = True) -> Schedule:  # fmt: skip
+             overlap: bool = True, in_flight: int = 0) -> Schedule:  # fmt: skip
     """`blocks`: the kernels run as blocks of GPU programs (Note: fusions that starve the GPU);
     `horizontal`: independent small elementwise kernels launch as one (Note: horizontal fusion);
-    `overlap`: collectives issued early and waited for late (Note: collectives in the graph)."""
+    `overlap`: collectives issued early and waited for late, at most `in_flight` at a time (0: no
+    bound; Note: collectives in the graph)."""
     nodes = eliminate_dead(build_nodes(graph), graph)
     # an input stored in place is written like an output, and allocates nothing
     outputs = {o.ref.name for o in graph.outputs if o.ref is not None} | set(graph.mutated_inputs)
@@ -89,7 +90,7 @@ def schedule(graph: LoweredGraph, fusion: bool = True, blocks: bool = False, hor
         else:
             stored = set().union(*(p.stored for p in parts))
             steps.append(KernelStep([c for p in parts for c in p.group], stored, parts=tuple(parts)))
-    steps = place_collectives(steps, reads_of, _writes_and_mutations, overlap)
+    steps = place_collectives(steps, reads_of, _writes_and_mutations, overlap, in_flight)
     horizontal_units = plan.horizontal
     return Schedule(steps, state.refusals + plan.refusals, state.fusions, state.work, collective_overlaps(steps),
                     len(horizontal_units), sum(len(u) for u in horizontal_units))  # fmt: skip
