@@ -206,3 +206,29 @@ def test_cross_entropy_forward_and_backward(width):
     torch.testing.assert_close(loss.cpu(), want)
     torch.testing.assert_close(device_x.grad.cpu(), x.grad)
     assert ember.metrics.fallback_calls == 0 and ember.metrics.graphs_failed == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool])
+def test_a_short_sum_is_unrolled_into_its_reader(dtype):
+    """Note: a short sum unrolled (lower/reductions.py): GQA's backward sums the gradients of the
+    2 query heads sharing a key head, then permutes them. Written out as a pointwise sum, the
+    permute reads it in one kernel (as a REDUCE: a reduction kernel, then the permute's copy)."""
+    torch.manual_seed(0)
+    g = torch.randn(2, 3, 2, 5, 4)
+    g[0, 1, 1, 2, 3], g[1, 0, 0, 1, 1], g[1, 2, 1, 4, 0] = math.nan, math.inf, -math.inf
+    g = g.to(dtype) if dtype is not torch.bool else g > 0
+    ember.metrics.reset()
+    check(lambda g: g.sum(2).permute(0, 2, 1, 3).reshape(2, 5, 12), g)
+    assert ember.metrics.kernels_generated == 1
+    ember.metrics.reset()
+    check(lambda g: (g.sum((1, 2)), g.sum(dim=(2, 4), keepdim=True)), g)  # 6 and 8 positions
+    check(lambda g: g.transpose(0, 4).sum(4), g)  # strided
+
+
+def test_a_sum_of_more_positions_stays_a_reduction():
+    torch.manual_seed(0)
+    x = torch.randn(9, 6)
+    ember.metrics.reset()
+    check(lambda x: (x.sum(0) * 2).t(), x)  # 9 positions: a reduction loop; x * 2 read through it
+    check(lambda x: x.sum((0, 1)), torch.randn(3, 3))
+    check(lambda x: x.sum(1), torch.empty(4, 0))  # no positions: the sum's identity

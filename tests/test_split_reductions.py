@@ -257,3 +257,56 @@ def test_large_member_is_not_left_to_a_reduction_with_few_programs():
     x = torch.randn(4, 20000)  # few rows, long: the means and the centered values apart
     check(lambda x: x - x.mean(1, keepdim=True), x)
     assert ember.metrics.kernels_generated >= 2
+
+
+# ---- reductions across rows ---------------------------------------------------------------
+
+
+def test_policy_splits_reductions_across_rows_by_their_elements():
+    """An RMSNorm weight's gradient: 1024 column sums of 4096 rows (Note: split reductions)."""
+    policy = SplitPolicy(32768)
+    assert policy.splits(1024, 4096) is None  # along rows (a row per program): whole
+    count, chunk = policy.splits(1024, 4096, across=True)
+    assert count == 16 and chunk == 256  # 16 x 32 blocks of 32 columns: 512 programs
+    assert policy.splits(1024, 512, across=True) is None  # 512K elements: one pass is enough
+    assert policy.splits(4096, 4096, across=True) is None  # as many outputs fill the GPU
+    assert policy.splits(1024, 4096, max_chunk=4096, across=True) is None  # var's one-pass chunks: as before
+    assert SplitPolicy(0).splits(1024, 4096, across=True) is None
+
+
+def _reduces(fn, *shapes):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ember.ir import ComputedBuffer
+    from ember.lower import lower_graph
+    from ember.uop.ops import Ops
+
+    inputs = [torch.randn(s) for s in shapes]
+    graph, _ = lower_graph(make_fx(fn)(*inputs), inputs)
+    steps = [s for s in graph.steps if isinstance(s, ComputedBuffer)]
+    return [u for step in steps for u in step.body.toposort if u.op is Ops.REDUCE]
+
+
+@pytest.mark.parametrize("fn, shapes, across", [
+    (lambda x: x.sum(0), [(64, 32)], True),
+    (lambda a, x, r: (a * (x * r)).sum(0), [(64, 32), (64, 32), (64, 1)], True),  # a per-row scale read along rows
+    (lambda x: x.sum(1), [(64, 32)], False),
+    (lambda x: x.t().sum(1), [(64, 32)], True),  # a transposed row sum reads down columns
+    (lambda x: x.t().sum(0), [(64, 32)], False),
+])  # fmt: skip
+def test_reads_across_tells_column_sums_from_row_sums(fn, shapes, across):
+    from ember.lower.split_reductions import reads_across
+
+    (red,) = _reduces(fn, *shapes)
+    assert reads_across(red) is across
+
+
+def test_weight_gradient_column_sums_split_at_the_default_threshold():
+    """1M elements summed across rows into 512 columns: partials over chunks of 256 rows, then the
+    sums of 8 partials; a NaN and an inf in one chunk each."""
+    _split(32768)
+    torch.manual_seed(0)
+    grad, x, scale = torch.randn(2048, 512), torch.randn(2048, 512), torch.rand(2048, 1)
+    grad[100, 7], x[1500, 300] = math.nan, math.inf
+    check(lambda g, x, s: (g * (x * s)).sum(0), grad, x, scale, rtol=1e-4)
+    assert ember.metrics.kernels_generated == 2

@@ -8,6 +8,7 @@ graph.py) so consumers read them from memory; the scheduler may later fuse them 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -61,11 +62,36 @@ def reduce(ctx: LoweringContext, x: TensorValue, dims: list[int], keepdim: bool,
         reduced = UOp(Ops.REDUCE, body.dtype, (body, *ranges), combine)
         if (select := pm_one_hot_sums.rewrite(reduced)) is not None:  # Note: a one-hot sum is a select
             body = select
+        elif (unrolled := unrolled_sum(body, ranges, combine)) is not None:
+            body = unrolled
         elif _splits_into_parts(ctx, body, ranges, combine, out_shape):
             body = split_sum(ctx, body, ranges)
         else:
             body = reduced
     return TensorValue(tuple(out_shape), body.dtype, body)
+
+
+# Note: a short sum unrolled
+# A sum over a few static positions (GQA's backward adds the gradients of the 2 to 8 query heads
+# that share a key head: a (4, 8, 2, 1024, 64) tensor summed over its 2) is a pointwise sum of
+# those few values. As a REDUCE it is a reduction kernel of its own: on an H100 it moved 24 MB in
+# 21 us (1.1 TB/s, a third of copy speed), and the permute that reads it is a second kernel. As
+# a pointwise sum it is fused into its reader. The sum keeps the REDUCE's dtype (float sums in
+# double) and adds in order, as the reduction loop did.
+UNROLLED_SUM_MAX = 8  # positions: up to this many loads are cheaper than a loop's set-up
+
+
+def unrolled_sum(body: UOp, ranges: list[UOp], combine: Ops) -> UOp | None:
+    """The sum of `body` over `ranges` written out when their static extents hold at most
+    UNROLLED_SUM_MAX positions (Note: a short sum unrolled); None otherwise."""
+    extents = _static_extents(ranges)
+    if combine is not Ops.ADD or extents is None or math.prod(extents) > UNROLLED_SUM_MAX:
+        return None
+    total = None
+    for position in itertools.product(*(range(n) for n in extents)):
+        value = substitute(body, {r: const_index(i) for r, i in zip(ranges, position)})
+        total = value if total is None else total + value
+    return total
 
 
 # Note: a long sum in parts
