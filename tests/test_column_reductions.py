@@ -50,7 +50,8 @@ def test_column_statistics_with_nan_and_inf(shape):
 
 def test_column_sum_is_one_kernel():
     check(lambda x: x.sum(0), torch.randn(2048, 1024), rtol=1e-4, atol=1e-4)
-    assert ember.metrics.kernels_generated == 1
+    # on the GPU, 2M elements summed across rows split: partials, then their sums (Note: split reductions)
+    assert ember.metrics.kernels_generated == (1 if test_device() == "cpu" else 2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.int32, torch.int64, torch.bool])
