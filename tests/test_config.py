@@ -90,11 +90,15 @@ def test_the_suites_own_variables_are_not_unknown(monkeypatch):
 
 def test_every_option_is_in_the_readme_table():
     readme = (REPO / "README.md").read_text()
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| (\w+) \| (EMBER_\w+|—|-|\(none\))? ?\|", readme, re.M)}
+    pattern = r"^\| (\w+) \| (EMBER_\w+|—|-|\(none\))? ?\| ([^|]*)\|"
+    rows = {m.group(1): (m.group(2), m.group(3).split()) for m in re.finditer(pattern, readme, re.M)}
     for f in dataclasses.fields(config_module.Config):
         assert f.name in rows, f"README.md's Configuration table has no row for option {f.name}"
+        variable, default = rows[f.name]
         if f.metadata["env"]:
-            assert rows[f.name] == f.metadata["env"], f"README.md names the wrong variable for {f.name}"
+            assert variable == f.metadata["env"], f"README.md names the wrong variable for {f.name}"
+        if type(f.default) in (bool, int):  # the default as its variable takes it: 0/1 for a flag
+            assert default[:1] == [str(int(f.default))], f"README.md gives {f.name} the default {default}"
 
 
 def test_import_and_version_do_not_import_torch():
