@@ -232,3 +232,20 @@ def test_a_sum_of_more_positions_stays_a_reduction():
     check(lambda x: (x.sum(0) * 2).t(), x)  # 9 positions: a reduction loop; x * 2 read through it
     check(lambda x: x.sum((0, 1)), torch.randn(3, 3))
     check(lambda x: x.sum(1), torch.empty(4, 0))  # no positions: the sum's identity
+
+
+def test_a_short_sum_of_exponentials_stays_a_loop():
+    """A transcendental summed over 8 positions is not written out: its reader would compute the
+    8 exponentials again for each of its elements (Note: a short sum unrolled)."""
+    from ember.lower.reductions import unrolled_sum
+    from ember.lower.values import axis
+    from ember.uop.dtypes import dtypes
+    from ember.uop.ops import Ops, UOp
+
+    value = UOp.const(dtypes.float64, 1.0)
+    position = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, 8),), 0)
+    cheap = value + position.cast(dtypes.float64) + axis(0).cast(dtypes.float64)
+    assert unrolled_sum(cheap, [position], Ops.ADD) is not None
+    assert unrolled_sum(cheap.alu(Ops.EXP2), [position], Ops.ADD) is None
+    assert unrolled_sum(cheap, [position], Ops.MAX) is None
+    check(lambda x: x / x.exp().sum(-1, keepdim=True), torch.randn(16, 8))

@@ -15,6 +15,7 @@ import torch
 import torch.fx
 
 from ember.lower.context import LoweringContext
+from ember.lower.graph import TRANSCENDENTAL_OPS
 from ember.lower.one_hot_sums import pm_one_hot_sums
 from ember.lower.pointwise import out_meta
 from ember.lower.registry import Unsupported, register
@@ -77,15 +78,26 @@ def reduce(ctx: LoweringContext, x: TensorValue, dims: list[int], keepdim: bool,
 # those few values. As a REDUCE it is a reduction kernel of its own: on an H100 it moved 24 MB in
 # 21 us (1.1 TB/s, a third of copy speed), and the permute that reads it is a second kernel. As
 # a pointwise sum it is fused into its reader. The sum keeps the REDUCE's dtype (float sums in
-# double) and adds in order, as the reduction loop did.
+# double) and adds in order, as the reduction loop did. Only cheap values are written out: a
+# reader may compute the sum again for each of its elements (a softmax's exponential sum over 8
+# would be 8 exponentials per element: no transcendental is written out), and a value holding a
+# reduction stays in the loop that the scheduler's patterns know (Note: a row's exponential sum in
+# one pass).
 UNROLLED_SUM_MAX = 8  # positions: up to this many loads are cheaper than a loop's set-up
+UNROLLED_SUM_OPS = 4  # arithmetic ops of the summed value, at most
+_NOT_ARITHMETIC = {Ops.BUFFER, Ops.INDEX, Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.AXIS, Ops.DEFINE_VAR, Ops.CAST}
+_KEPT_IN_LOOPS = {Ops.REDUCE, Ops.SCAN} | TRANSCENDENTAL_OPS
 
 
 def unrolled_sum(body: UOp, ranges: list[UOp], combine: Ops) -> UOp | None:
     """The sum of `body` over `ranges` written out when their static extents hold at most
-    UNROLLED_SUM_MAX positions (Note: a short sum unrolled); None otherwise."""
+    UNROLLED_SUM_MAX positions and `body` is cheap (Note: a short sum unrolled); None otherwise."""
     extents = _static_extents(ranges)
     if combine is not Ops.ADD or extents is None or math.prod(extents) > UNROLLED_SUM_MAX:
+        return None
+    nodes = body.toposort
+    arithmetic = sum(1 for u in nodes if u.op not in _NOT_ARITHMETIC and u.dtype.kind != "index")
+    if arithmetic > UNROLLED_SUM_OPS or any(u.op in _KEPT_IN_LOOPS for u in nodes):
         return None
     total = None
     for position in itertools.product(*(range(n) for n in extents)):
