@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from benchmarks.run import environment
 from benchmarks.suite import HuggingFaceLoss
 
 BACKENDS = ("eager", "inductor", "ember")
@@ -148,18 +149,9 @@ def backend_settings(spec: str) -> tuple[str, dict[str, str]]:
 
 def run_backend(spec: str, args: argparse.Namespace, device: torch.device, mesh, data: list) -> dict:
     """Train with one backend: each step's loss and seconds, and the peak memory (this rank's)."""
-
     backend, settings = backend_settings(spec)
-    saved = {name: os.environ.get(name) for name in settings}
-    os.environ.update(settings)
-    try:
+    with environment(**settings):
         return train(backend, args, device, mesh, data)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def train(backend: str, args: argparse.Namespace, device: torch.device, mesh, data: list) -> dict:

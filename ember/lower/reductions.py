@@ -15,7 +15,7 @@ import torch
 import torch.fx
 
 from ember.lower.context import LoweringContext
-from ember.lower.graph import TRANSCENDENTAL_OPS
+from ember.lower.graph import NOT_ARITHMETIC, TRANSCENDENTAL_OPS
 from ember.lower.one_hot_sums import pm_one_hot_sums
 from ember.lower.pointwise import out_meta
 from ember.lower.registry import Unsupported, register
@@ -85,7 +85,7 @@ def reduce(ctx: LoweringContext, x: TensorValue, dims: list[int], keepdim: bool,
 # one pass).
 UNROLLED_SUM_MAX = 8  # positions: up to this many loads are cheaper than a loop's set-up
 UNROLLED_SUM_OPS = 4  # arithmetic ops of the summed value, at most
-_NOT_ARITHMETIC = {Ops.BUFFER, Ops.INDEX, Ops.LOAD, Ops.CONST, Ops.RANGE, Ops.AXIS, Ops.DEFINE_VAR, Ops.CAST}
+_NOT_ARITHMETIC = NOT_ARITHMETIC | {Ops.AXIS, Ops.CAST}
 _KEPT_IN_LOOPS = {Ops.REDUCE, Ops.SCAN} | TRANSCENDENTAL_OPS
 
 

@@ -92,16 +92,17 @@ def place_collectives(steps: list, reads_of, writes_of, overlap: bool = True, in
     if not any(is_start(s) or is_wait(s) for s in steps):
         return steps
     steps = list(steps)
-    for i, start in waited_collectives(steps).items():
+    start_of = waited_collectives(steps)  # the same indexes after the waits are replaced
+    for i, start in start_of.items():
         outputs = {b.name for b in steps[start].outputs}
         steps[i] = dataclasses.replace(steps[i], keeps_alive=tuple(n for n in argument_buffers(steps[start])
                                                                    if n not in outputs))  # fmt: skip
     if not overlap:
         return steps
     effects = [(set(reads_of(s)), set(writes_of(s))) for s in steps]
-    for i, start in waited_collectives(steps).items():  # what a collective mutates is done at its wait
+    for i, start in start_of.items():  # what a collective mutates is done at its wait
         effects[i][1].update(effects[start][1] - {b.name for b in steps[start].outputs})
-    order = _overlapping_order(steps, _predecessors(steps, effects), in_flight)
+    order = _overlapping_order(steps, _predecessors(steps, effects), start_of, in_flight)
     return [steps[i] for i in order]
 
 
@@ -125,20 +126,19 @@ def _predecessors(steps: list, effects: list[tuple[set[str], set[str]]]) -> list
     return preds
 
 
-def _overlapping_order(steps: list, preds: list[set[int]], in_flight: int = 0) -> list[int]:
+def _overlapping_order(steps: list, preds: list[set[int]], start_of: dict[int, int], in_flight: int = 0) -> list[int]:
     """A topological order that issues each collective as soon as its inputs are ready and takes
     a wait only when nothing else can run; other steps keep their order where the data allows.
     With `in_flight` collectives issued and not waited for, the next one is held back until a
     wait is taken: at once if some wait's result is read by no step (a gradient's reduce-scatter,
     waited for only for the graph's outputs), else when nothing else can run (an all-gather whose
     parameter the next layer needs: then the gather `in_flight` ahead is issued, as FSDP2
-    prefetches)."""
+    prefetches). `start_of`: wait -> its collective (`waited_collectives`)."""
     users: list[list[int]] = [[] for _ in steps]
     for i, before in enumerate(preds):
         for j in before:
             users[j].append(i)
     waiting = [len(p) for p in preds]
-    start_of = waited_collectives(steps)
     bounded = set(start_of.values()) if in_flight > 0 else set()  # collectives whose wait this graph takes
     ready: list[tuple[int, int]] = []  # (0 for a collective, 1 otherwise; step index)
     waits: list[int] = []  # ready waits whose result some step reads
