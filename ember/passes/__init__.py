@@ -13,7 +13,9 @@ compile runs the original eagerly); lowering sees the result. The steps, in orde
   channels_last  2-d convolutions read NHWC activations (layout.py)
   vector_matmul  a float32 linear of one static row (decode) -> sum(w * x, 1) (vector_matmul.py)
   mkldnn         linear / convolution + bias + activation as one oneDNN call where that fuses a
-                 pass; an addmm left whose readers are ember kernels -> mm + bias (mkldnn.py)
+                 pass (mkldnn.py)
+  bias           an addmm left, or a GPU convolution, whose readers are ember kernels -> the
+                 product or convolution without its bias, + the bias in those kernels (bias.py)
   dce            calls whose results nobody uses (mutations and random ops stay)
   post_passes    the user's callables, after ember's own
 
@@ -37,7 +39,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ember.config import Config
 from ember.errors import EmberError
-from ember.passes import attention, cse, layout, mkldnn, noops, vector_matmul
+from ember.passes import attention, bias, cse, layout, mkldnn, noops, vector_matmul
 from ember.passes.eager_memory import INPUTS_HELD
 
 
@@ -65,8 +67,9 @@ def run_passes(gm: torch.fx.GraphModule, config: Config) -> tuple[torch.fx.Graph
             rewrites["mkldnn_linear"] += mkldnn.pm_mkldnn_linear(config.mkldnn_relu, timed_in).apply(graph)
             if config.mkldnn_relu:
                 rewrites["mkldnn_linear"] += mkldnn.pm_mkldnn_linear_relu.apply(graph)
-            rewrites["matmul_bias"] += mkldnn.pm_matmul_bias.apply(graph)  # Note: which library multiplies
             rewrites["mkldnn_convolution"] += mkldnn.fold_convolution_epilogues(graph, relu=config.mkldnn_relu)
+        rewrites["matmul_bias"] += bias.pm_bias_in_kernels.apply(graph)  # after oneDNN took its linears
+        rewrites["convolution_bias"] += bias.unfuse_convolution_biases(graph)
         rewrites["dce"] += eliminate_dead_code(graph)
     run_user_passes("post_passes", config.post_passes, graph)
     # lazy: its Python code is generated only if something calls it (lowering reads the graph)

@@ -38,10 +38,10 @@ import torch.fx
 
 from ember.ir import same_sizes
 from ember.passes import meta
+from ember.passes.bias import read_by_kernels_only
 from ember.passes.eager_memory import headroom_bytes
 from ember.passes.matcher import FxPat, FxPatternMatcher
 from ember.passes.matmul_timing import LinearShape, onednn_is_faster
-from ember.passes.noops import VIEWS
 from ember.uop.variables import known_size_hint
 
 aten = torch.ops.aten
@@ -75,7 +75,7 @@ ONE_ROW_MIN_WEIGHT_BYTES = 1 << 20
 # aten's addmm is not: it first copies the bias into its result, a pass of its own (25088 x 96
 # rows times 96 x 384: addmm 22.9 ms, mm 14.6). So:
 #   - where ember's kernels read the result (an activation, a residual add, a layer scale; through
-#     views), they add the bias for free: addmm(b, x, w) -> mm(x, w) + b (`unfused_bias`), and the
+#     views), they add the bias for free: addmm(b, x, w) -> mm(x, w) + b (passes/bias.py), and the
 #     mm stays aten's;
 #   - oneDNN takes a matmul where it fuses what would otherwise cost a pass: an activation it
 #     applies as a post-op whose result leaves ember's kernels (linear -> tanh -> linear);
@@ -259,32 +259,6 @@ def _post_op_pays(node: torch.fx.Node, relu: bool) -> bool:
     return post_op(user, relu)[0] is not None and not read_by_kernels_only(user)
 
 
-def read_by_kernels_only(node: torch.fx.Node) -> bool:
-    """Whether every reader of `node`, directly or through views, is a pointwise op, which an ember
-    kernel computes with `node`'s value inlined (never an extern kernel, never the graph's output)."""
-    for user in node.users:
-        if user.op != "call_function":
-            return False
-        if user.target in VIEWS:
-            if not read_by_kernels_only(user):
-                return False
-        elif torch.Tag.pointwise not in getattr(user.target, "tags", ()):
-            return False
-    return bool(node.users)
-
-
-def unfused_bias(graph: torch.fx.Graph, node: torch.fx.Node, b: Any, x: Any, y: Any) -> torch.fx.Node | None:
-    """addmm(b, x, y) -> mm(x, y) + b for a CPU float32 addmm (plain alpha and beta, a 1-d bias) that
-    oneDNN left and whose readers are all ember kernels (Note: which library multiplies): ember
-    inlines the add into the kernels that read the product anyway."""
-    if node.kwargs or not meta.cpu_float32(node, b, x, y) or b.meta["val"].dim() != 1:
-        return None
-    if not read_by_kernels_only(node):
-        return None
-    product = meta.call(graph, aten.mm.default, (x, y))
-    return meta.call(graph, aten.add.Tensor, (product, b), like=node.meta["val"])
-
-
 def _dense(node: torch.fx.Node) -> Any:
     """`node`'s fake value when it is row-major, as oneDNN's linear result is; else None
     (compute it)."""
@@ -372,9 +346,6 @@ def pm_mkldnn_linear(relu: bool, timed_in: str | None = None) -> FxPatternMatche
     ])  # fmt: skip
 
 
-pm_matmul_bias = FxPatternMatcher([
-    (FxPat(aten.addmm.default, b, x, y), unfused_bias),  # addmm(b, x, y) -> mm(x, y) + b, read by ember kernels only
-])  # fmt: skip
 pm_mkldnn_linear_relu = FxPatternMatcher([
     (FxPat(aten.relu.default, linear_result), linear_post_op),  # relu(linear(x, w, b)) -> linear(..., relu)
 ])  # fmt: skip
