@@ -12,6 +12,7 @@ A buffer written and fully consumed inside one kernel is never stored nor alloca
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from torch.utils._pytree import tree_flatten
@@ -129,9 +130,48 @@ def _writes_and_mutations(step: Step) -> list[str]:
 
 
 def graph_last_uses(graph: LoweredGraph, steps: list[Step]) -> list[list[str]]:
-    """`last_uses` of the wrapper's buffers: inputs, constants and outputs are never freed."""
+    """`last_uses` of the wrapper's buffers: inputs, constants and outputs are never freed.
+
+    Note: a view's base lives as long as the view
+        An aten op that returns a view (`as_strided` run as an extern: Longformer's sliding
+        windows) gives a result sharing its argument's storage. The wrapper freeing the argument
+        at its own last read is harmless (the view holds the storage), but the planner would hand
+        that storage to a later buffer (a Reuse) while the view is still read: its values
+        overwritten, silently. So a read of a view counts as a read of what it views (through
+        views of views), and what a returned view views is never freed."""
     outputs = {o.ref.name for o in graph.outputs if o.ref is not None}
-    return last_uses(steps, keep=outputs | {b.name for b in graph.inputs} | set(graph.constants))
+    bases = view_bases(graph, steps)
+    returned = {base for name in outputs for base in bases.get(name, ())}
+    keep = outputs | returned | {b.name for b in graph.inputs} | set(graph.constants)
+    freed: list[list[str]] = [[] for _ in steps]
+    for name, i in last_use_positions(steps, reads_through_views(bases), writes_of, keep).items():
+        freed[i].append(name)
+    return freed
+
+
+def view_bases(graph: LoweredGraph, steps: list[Step]) -> dict[str, set[str]]:
+    """For each result of an aten op that may return a view (LoweredGraph.aliasing_outputs), the
+    buffers whose storage it may share: those its call read, and what those view in turn."""
+    bases: dict[str, set[str]] = {}
+    for step in steps:
+        if not isinstance(step, ExternCall):
+            continue
+        views = [b.name for b in step.outputs if b.name in graph.aliasing_outputs]
+        if views:
+            read = {base for name in reads_of(step) for base in (name, *bases.get(name, ()))}
+            bases |= {name: read for name in views}
+    return bases
+
+
+def reads_through_views(bases: dict[str, set[str]]) -> Callable[[Step], list[str]]:
+    """`reads_of`, with each view read counting as a read of its bases (Note: a view's base lives
+    as long as the view)."""
+
+    def reads(step: Step) -> list[str]:
+        names = reads_of(step)
+        return [*names, *(base for name in names for base in bases.get(name, ()))]
+
+    return reads
 
 
 def dying_buffers(graph: LoweredGraph, steps: list[Step]) -> list[dict[str, Buffer]]:
