@@ -246,6 +246,16 @@ def test_a_symbolic_view_an_extern_reads_is_not_copied():
     assert ember.metrics.kernels_generated == 2  # the heads' copy and the softmax
 
 
+def test_a_reshape_that_copies_is_not_read_as_a_view():
+    """PoolFormer's group norm of a convolution: the convolution's result is channels-last (passes
+    layout.py), so flattening it (group_norm's `view(b, groups, -1)`, a reshape after the pass)
+    copies it in eager. Read as a view of the channels-last buffer in the reshape's contiguous
+    strides, every batch size but the first was wrong by the values' own size."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), torch.nn.GroupNorm(1, 8)).eval()
+    check_shapes(model, lambda b: [torch.randn(b, 3, 8, 8)], [(2,), (3,), (5,)])
+
+
 def test_padding_to_a_multiple_compiles_once():
     """A length padded up to a multiple of 8 (s - s % 8 + 8, as sdpa pads an attention mask on the
     GPU): the pad's emptiness check asks no guard of the padded size (lower/values.py known_zero)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.fx
 
@@ -49,12 +51,27 @@ def symbolic_view(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue) -> 
     if not isinstance(base, torch.Tensor) or all(type(s) is int for s in tuple(out.shape) + tuple(base.shape)):
         return None  # (static sizes: reshape's index math folds)
     read = as_strided_read(x)
-    if read is None:
+    if read is None or (node.target is aten.reshape.default and not _dense_in_order(base)):
         return None
     name, layout = read
     if not strides_of_eager(layout.stride, base) or not same_sizes((out.storage_offset(),), (base.storage_offset(),)):
         return None
     return load(ctx.buffers[name], Layout(tuple(out.shape), tuple(out.stride()), layout.offset))
+
+
+def _dense_in_order(meta: torch.Tensor) -> bool:
+    """Whether `meta` is row-major (dims of size 0 or 1 aside), so that any reshape of it is a view.
+    A reshape of another layout (a channels-last convolution's result, flattened) may copy it into
+    a contiguous result, whose strides say nothing of the buffer it was read from. Compared as
+    expressions, so no guard is added on a symbolic size."""
+    expected: Any = 1
+    for size, stride in reversed(list(zip(meta.shape, meta.stride()))):
+        if type(size) is int and size <= 1:
+            continue
+        if not same_sizes((stride,), (expected,)):
+            return False
+        expected = expected * size
+    return True
 
 
 def strides_of_eager(strides: tuple, meta: torch.Tensor) -> bool:
