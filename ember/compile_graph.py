@@ -29,6 +29,7 @@ from ember.debug.record import GraphRecord, buffer_bytes, is_recording, new_grap
 from ember.donation import DONATED_INPUTS
 from ember.errors import EmberError, stage
 from ember.lower import lower_graph
+from ember.lower.graph import SAVED_OUTPUTS
 from ember.metrics import metrics
 from ember.passes import run_passes
 from ember.passes.eager_memory import INPUTS_HELD
@@ -65,6 +66,8 @@ def _compile_graph(
     versions += " inputs_held" if gm.meta.get(INPUTS_HELD) else ""  # and on this (passes/eager_memory.py)
     donated = donated_inputs(gm, config)
     versions += f" donated={','.join(donated)}" if donated else ""  # (Note: donated inputs, donation.py)
+    saved = gm.meta.get(SAVED_OUTPUTS, ())  # stored in eager's exact strides (Note: outputs in eager's layout)
+    versions += f" saved={saved[0]}-{saved[-1]}" if saved else ""
     # Note: the graph cache key and the passes. ember's own passes are a function of the graph,
     # the config and ember's source, all in the key: without user hooks the graph is keyed as
     # received, and a hit skips the passes too. A user's hook may do anything, so with hooks

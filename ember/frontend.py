@@ -19,6 +19,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.exc import RestartAnalysis
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
+from torch.utils._pytree import tree_flatten
 
 from ember import config as config_module
 from ember.collector import collection_paused
@@ -29,6 +30,7 @@ from ember.donation import mark_donated_inputs
 from ember.errors import EmberError, warn_running_eagerly
 from ember.frame_chunks import call_with_frame_room
 from ember.lower.decompositions import corrected_autograd_kernels, decomposition_table
+from ember.lower.graph import SAVED_OUTPUTS
 from ember.metrics import metrics
 from ember.passes.eager_memory import INPUTS_HELD
 from ember.shape_specialization import ShapeSpecializedGraph, is_symbolic
@@ -93,7 +95,23 @@ def compile_aot_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], confi
     is its own, which of its inputs are donated (Note: donated inputs, donation.py)."""
     if role == "backward":
         mark_donated_inputs(gm, example_inputs)
+    if role == "forward":
+        mark_saved_outputs(gm)
     return compile_or_fallback(gm, example_inputs, config, role)
+
+
+def mark_saved_outputs(gm: torch.fx.GraphModule) -> None:
+    """Which of a forward's outputs its backward reads, from AOTAutograd's tracing context while it
+    compiles: those after its first `num_forward` (the caller's outputs, mutated inputs, bases, RNG
+    offsets). They must come back in eager's exact strides (Note: outputs in eager's layout); kept
+    in `gm.meta[SAVED_OUTPUTS]` (part of the graph key). Absent where torch has no such field."""
+    context = torch._guards.TracingContext.try_get()
+    forward = getattr(getattr(context, "fw_metadata", None), "num_forward", None)
+    if not isinstance(forward, int):
+        return
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    count = len(tree_flatten(output.args[0])[0])
+    gm.meta[SAVED_OUTPUTS] = tuple(range(forward, count))
 
 
 def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config, role: str = "graph") -> Callable:

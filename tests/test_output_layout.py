@@ -61,3 +61,28 @@ def test_complex_output_of_a_broadcast_input_is_the_aten_result_not_a_kernel():
     fn = lambda x: torch.view_as_complex(x)  # noqa: E731
     torch.testing.assert_close(compile_fn(fn)(x), fn(x))
     torch.testing.assert_close(compile_fn(lambda x: torch.view_as_complex(x * 2))(x), torch.view_as_complex(x * 2))
+
+
+SAVED_VIEWS = {
+    # Funnel's pooled queries: a step slice, strides (32, 1) for rows of 16
+    "step_slice": (lambda x, v: (v * (x * 2)[:-1:2]).softmax(-1).pow(3).sum(), (16, 16), (8, 16)),
+    # ProphetNet's n-gram states: a slice of a wider row, permuted, strides (576, 1, 48)
+    "permuted_slice": (
+        lambda x, v: (v * (x * 2).view(8, 12, 48)[:, :, :16].permute(0, 2, 1)).softmax(-1).pow(3).sum(),
+        (96, 48),
+        (8, 16, 12),
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("name", SAVED_VIEWS)
+def test_a_view_saved_for_the_backward_keeps_eagers_gaps(name):
+    """A forward output the backward reads comes back in eager's exact strides, gaps included
+    (the backward's kernels were made for them); stored dense, the backward's layout check raised."""
+    fn, x_shape, v_shape = SAVED_VIEWS[name]
+    x, v = torch.randn(x_shape), torch.randn(v_shape, requires_grad=True)
+    x_on, v_on = helpers.to_test_device(x), helpers.to_test_device(v)
+    compile_fn(fn)(x_on, v_on).backward()
+    v64 = v.detach().double().requires_grad_()
+    fn(x.double(), v64).backward()
+    torch.testing.assert_close(v_on.grad.cpu(), v64.grad.float(), rtol=1e-4, atol=1e-5)

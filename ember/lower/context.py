@@ -78,6 +78,7 @@ class LoweringContext:
     buffers: dict[str, Buffer] = field(default_factory=dict)
     fallback_ops: list[str] = field(default_factory=list)
     fallback_random: bool = False  # random ops call aten (config.fallback_random)
+    saved_outputs: frozenset[str] = frozenset()  # outputs the backward reads (lower/graph.py SAVED_OUTPUTS)
     random_counters: int = 0  # Philox counters taken by earlier random ops (Note: counter-based random numbers)
     mutations: list = field(default_factory=list)  # pending stores into inputs (lower/mutation.py)
     # what the backend the graph's kernels go to can do (Note: backends, backend.py): the ops it

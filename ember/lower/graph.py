@@ -28,7 +28,9 @@ from ember.lower.collectives import communication_of
 from ember.lower.context import (
     MATMUL_OPS,
     LoweringContext,
+    dense_layout,
     eager_argument_layout,
+    gapped_layout,
     matmul_operand_layout,
     same_strides,
     with_eager_unit_strides,
@@ -77,7 +79,7 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], fallback_ra
     (Note: backends, backend.py)."""
     graph = LoweredGraph(inputs=[], constants={})
     ctx = LoweringContext(graph, fallback_random=fallback_random, unrenderable=unrenderable,
-                          ordered_reductions=ordered_reductions)  # fmt: skip
+                          ordered_reductions=ordered_reductions, saved_outputs=saved_output_names(gm))  # fmt: skip
     env: dict[torch.fx.Node, Any] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -422,7 +424,7 @@ def _output_buffer(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue
     eager's layout (Note: outputs in eager's layout)."""
     if _aliases_graph_input(node):
         return ctx.realize(value, node.name)
-    eager = _eager_output_layout(node.meta.get("val"), value.shape)
+    eager = _eager_output_layout(node.meta.get("val"), value.shape, gaps=node.name in ctx.saved_outputs)
     read = as_strided_read(value)
     if read is not None and not is_kernel_dtype(value.dtype):  # no kernel copies it: aten's result as is
         return BufferRef(read[0], read[1], value.dtype)
@@ -444,13 +446,31 @@ def _output_buffer(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue
 # intermediate buffer (cat with an empty operand is its other operand, a permuted matmul result)
 # is returned as that view only when its strides are eager's; otherwise it is copied into eager's
 # layout. A broadcast output (eager's `expand`, strides 0) is stored once per distinct element
-# and returned as the same broadcast view.
+# and returned as the same broadcast view. A strided view with gaps (a step slice: Funnel's pooled
+# queries, ProphetNet's permuted n-gram states) that the forward saves for the backward
+# (`SAVED_OUTPUTS`, marked by the frontend) is stored with eager's gaps; stored dense, it failed
+# the backward's layout check. One the user gets is stored dense, in eager's order: only the
+# elements returned are computed (tests/test_output_layout.py).
+SAVED_OUTPUTS = "ember_saved_outputs"  # gm.meta: positions of a forward's outputs the backward reads
 
 
-def _eager_output_layout(meta: Any, shape: tuple[int, ...]) -> Layout | None:
-    """Eager's layout for an output when ember can give it: dense, up to broadcast (stride-0) dims."""
+def saved_output_names(gm: torch.fx.GraphModule) -> frozenset[str]:
+    """The names of the nodes a forward returns for its backward (`SAVED_OUTPUTS` positions)."""
+    positions = set(gm.meta.get(SAVED_OUTPUTS, ()))
+    if not positions:
+        return frozenset()
+    results, _ = tree_flatten(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0])
+    return frozenset(r.name for i, r in enumerate(results) if i in positions and isinstance(r, torch.fx.Node))
+
+
+def _eager_output_layout(meta: Any, shape: tuple[int, ...], gaps: bool = False) -> Layout | None:
+    """Eager's layout for an output when ember can give it: dense, up to broadcast (stride-0) dims;
+    with `gaps` (a tensor saved for the backward), also each element once with gaps between (a
+    step slice `c[::2]`, strides (32, 1) for rows of 16), in no more memory than eager's base."""
     if not isinstance(meta, torch.Tensor) or tuple(meta.shape) != shape or 0 in shape:
         return None
+    if gaps and dense_layout(meta, shape) is None and (gapped := gapped_layout(meta, shape)) is not None:
+        return gapped
     stride = tuple(meta.stride())
     stored = [i for i, size in enumerate(shape) if size != 1 and stride[i] != 0]
     expected = 1

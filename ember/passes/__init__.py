@@ -73,7 +73,9 @@ def run_passes(gm: torch.fx.GraphModule, config: Config) -> tuple[torch.fx.Graph
         rewrites["dce"] += eliminate_dead_code(graph)
     run_user_passes("post_passes", config.post_passes, graph)
     # lazy: its Python code is generated only if something calls it (lowering reads the graph)
-    return _LazyGraphModule(gm, graph), +rewrites
+    after = _LazyGraphModule(gm, graph)
+    after.meta.update(gm.meta)  # what the frontend marked (lower/graph.py SAVED_OUTPUTS) goes on to lowering
+    return after, +rewrites
 
 
 def eliminate_dead_code(graph: torch.fx.Graph) -> int:
