@@ -125,3 +125,17 @@ def test_distributed_benchmark_on_two_gloo_ranks(tmp_path):
     assert 0 < bounded["overlapped_kernels"] < unbounded["overlapped_kernels"]
     for row in rows.values():
         assert row["max_loss_diff_vs_eager"] < 1e-4, row
+
+
+def test_architecture_sweep_checks_every_mode(tmp_path):
+    """benchmarks/architectures.py on one model: each mode in a process of its own, every output and
+    gradient against float64 eager."""
+    out = tmp_path / "architectures.json"
+    command = [sys.executable, "-m", "benchmarks.architectures", "distilbert", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = {row["mode"]: row for row in json.loads(out.read_text())}
+    assert set(results) == {"infer", "train", "dyn"}, done.stdout
+    assert all(row["status"] == "ok" for row in results.values()), done.stdout
+    assert results["train"]["n_compared"] > 10  # the loss, the logits and the gradients
