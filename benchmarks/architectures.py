@@ -1,6 +1,6 @@
 """Correctness over many architectures: tiny random-weight `transformers` models through ember.
 
-    python -m benchmarks.architectures [NAME ...] [--json out.json]
+    python -m benchmarks.architectures [NAME ...] [--modes infer,train,dyn,bf16] [--json out.json]
 
 Each model (about 77: decoders, encoders, encoder-decoders, vision and speech models, mixtures of
 experts, state-space models; nothing downloaded) runs in its own process, so a crash or a hang in
@@ -8,7 +8,8 @@ one does not end the sweep, under EMBER_STRICT=1 with a fresh cache, in up to th
   infer   an eval forward;
   train   (about half of them) forward with a loss, backward: the loss, logits and every gradient;
   dyn     three eval calls at other (batch, source, target) sizes, the second of which makes dynamo
-          recompile with symbolic shapes (decoders get left padding here).
+          recompile with symbolic shapes (decoders get left padding here);
+  bf16    an eval forward under CPU autocast to bfloat16, eager's and ember's against float64.
 The reference is the model copied to float64 and run eagerly; ember is flagged (WRONG) where its
 error, relative to the reference's largest value, is above 1e-4 and more than 10 times eager
 float32's. Where the float64 run gives a non-finite value that float32 eager does not, ember is
@@ -32,6 +33,7 @@ import time
 import traceback
 
 PER_MODE_LIMIT = 180
+MODES = os.environ.get("EMBER_ARCHITECTURE_MODES", "infer,train,dyn,bf16").split(",")  # (--modes)
 REL_TOL = 1e-4
 
 
@@ -1156,6 +1158,14 @@ def rel_err(x, ref, floor=0.0):
     return err / max(scale, floor, 1e-30), ""
 
 
+def _finite_max(x):
+    """The largest finite |x| (0 if none): the scale of a gradient whose float64 run overflowed somewhere."""
+    import torch
+
+    finite = x.detach()[torch.isfinite(x.detach())]
+    return finite.abs().max().item() if finite.numel() else 0.0
+
+
 def cast_inputs(inputs, dtype):
     import torch
 
@@ -1253,6 +1263,17 @@ def check(name, build, make_inputs, mode):
             DECODER_MASK = False
             set_sizes(*SIZES[0])
         res["compile_s"] = round(time.time() - t0, 1)
+    elif mode == "bf16":  # CPU autocast: eager's and ember's bfloat16 results against float64
+        with torch.no_grad():
+            ref = tensors_of(run64(m64, in64))
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                eag = tensors_of(m_eager(**inputs))
+                t0 = time.time()
+                got = tensors_of(torch.compile(m_ember, backend="ember")(**inputs))
+                res["compile_s"] = round(time.time() - t0, 1)
+        pairs = list(zip(ref, eag, got))
+        if len(got) != len(ref):
+            res["note"] = f"{len(got)} outputs vs {len(ref)}"
     elif not train:
         with torch.no_grad():
             ref = tensors_of(run64(m64, in64))
@@ -1302,7 +1323,7 @@ def check(name, build, make_inputs, mode):
             pairs.append(((f"grad:{pn}", p64.grad), (pn, pe.grad), (pn, pg.grad)))
     worst = None
     flagged = []
-    gscale = max((r.abs().max().item() for (rn, r), _, _ in pairs if rn.startswith("grad:")), default=0.0)
+    gscale = max((_finite_max(r) for (rn, r), _, _ in pairs if rn.startswith("grad:")), default=0.0)
     for (rn, r), (_, e), (_, g) in pairs:
         floor = 1e-3 * gscale if rn.startswith("grad:") else 0.0
         ge, gnote = rel_err(g, r, floor)
@@ -1351,7 +1372,7 @@ def child(name):
     warnings.filterwarnings("ignore", category=FutureWarning)
     M = zoo()
     build, make_inputs = M[name]
-    modes = ["infer"] + (["train"] if name in TRAIN else []) + ["dyn"]
+    modes = [m for m in MODES if m != "train" or name in TRAIN]
     signal.signal(signal.SIGALRM, _alarm)
     for mode in modes:
         torch._dynamo.reset()
@@ -1388,7 +1409,8 @@ def fmt(res):
     head = f"{res['name']:13s} {res['mode']:5s} {st:5s} {res.get('secs', 0):6.1f}s"
     if st in ("ok", "WRONG") and res.get("worst"):
         wn, ge, ee = res["worst"]
-        head += f"  worst ember {ge:.1e} (eager f32 {ee:.1e}) at {wn}"
+        precision = "bf16" if res["mode"] == "bf16" else "f32"
+        head += f"  worst ember {ge:.1e} (eager {precision} {ee:.1e}) at {wn}"
         if res.get("n_flagged"):
             head += f"  | {res['n_flagged']}/{res['n_compared']} flagged: " + "; ".join(
                 f"{n} ember {g:.1e} eager {e:.1e} {note}" for n, g, e, note in res["flagged"][:3]
@@ -1419,7 +1441,7 @@ def driver(names, json_path=None):
             OMP_NUM_THREADS="1",
             EMBER_CACHE_DIR=tempfile.mkdtemp(prefix=f"ember_sweep_{name}_"),
         )
-        n_modes = 3 if name in TRAIN else 2
+        n_modes = len([m for m in MODES if m != "train" or name in TRAIN])
         try:
             p = subprocess.run(
                 [sys.executable, os.path.abspath(__file__), "--child", name],
@@ -1459,7 +1481,12 @@ if __name__ == "__main__":
         parser = argparse.ArgumentParser(prog="python -m benchmarks.architectures", description=__doc__.splitlines()[0])
         parser.add_argument("names", nargs="*", help=f"models (default: all {len(ORDER + ORDER2)})")
         parser.add_argument("--json", help="write every result here")
+        parser.add_argument("--modes", default=",".join(MODES), help="among infer,train,dyn,bf16")
         args = parser.parse_args()
+        if set(args.modes.split(",")) - {"infer", "train", "dyn", "bf16"}:
+            parser.error(f"unknown modes in {args.modes!r}")
+        os.environ["EMBER_ARCHITECTURE_MODES"] = args.modes  # the children read it
+        MODES[:] = args.modes.split(",")
         unknown = [n for n in args.names if n not in ORDER + ORDER2]
         if unknown:
             parser.error(f"unknown models {unknown}; known: {' '.join(ORDER + ORDER2)}")
