@@ -34,6 +34,7 @@ import traceback
 
 PER_MODE_LIMIT = 180
 MODES = os.environ.get("EMBER_ARCHITECTURE_MODES", "infer,train,dyn,bf16").split(",")  # (--modes)
+THREADS = int(os.environ.get("EMBER_ARCHITECTURE_THREADS", "1"))  # (--threads)
 REL_TOL = 1e-4
 
 
@@ -1363,7 +1364,7 @@ def check(name, build, make_inputs, mode):
 def child(name):
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(THREADS)
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -1438,7 +1439,7 @@ def driver(names, json_path=None):
         env = dict(
             os.environ,
             EMBER_STRICT="1",
-            OMP_NUM_THREADS="1",
+            OMP_NUM_THREADS=str(THREADS),
             EMBER_CACHE_DIR=tempfile.mkdtemp(prefix=f"ember_sweep_{name}_"),
         )
         n_modes = len([m for m in MODES if m != "train" or name in TRAIN])
@@ -1482,11 +1483,14 @@ if __name__ == "__main__":
         parser.add_argument("names", nargs="*", help=f"models (default: all {len(ORDER + ORDER2)})")
         parser.add_argument("--json", help="write every result here")
         parser.add_argument("--modes", default=",".join(MODES), help="among infer,train,dyn,bf16")
+        parser.add_argument("--threads", type=int, default=THREADS, help="torch's threads in each model's process")
         args = parser.parse_args()
         if set(args.modes.split(",")) - {"infer", "train", "dyn", "bf16"}:
             parser.error(f"unknown modes in {args.modes!r}")
-        os.environ["EMBER_ARCHITECTURE_MODES"] = args.modes  # the children read it
+        os.environ["EMBER_ARCHITECTURE_MODES"] = args.modes  # the children read these
+        os.environ["EMBER_ARCHITECTURE_THREADS"] = str(args.threads)
         MODES[:] = args.modes.split(",")
+        THREADS = args.threads
         unknown = [n for n in args.names if n not in ORDER + ORDER2]
         if unknown:
             parser.error(f"unknown models {unknown}; known: {' '.join(ORDER + ORDER2)}")
