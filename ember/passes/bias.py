@@ -110,7 +110,7 @@ def convolution_bias(graph: torch.fx.Graph, node: torch.fx.Node, x: Any, w: Any,
         return None
     out = node.meta["val"]
     plain = meta.call(graph, aten.convolution.default, (x, w, None, *rest))
-    if plain.meta["val"].stride() != out.stride():  # (cuDNN's layout without the bias: kept as traced)
+    if plain.meta["val"].stride() != out.stride():  # another layout without the bias: keep the traced call
         graph.erase_node(plain)
         return None
     channels = meta.call(graph, aten.view.default, (b, [1, out.shape[1]] + [1] * (out.dim() - 2)))
