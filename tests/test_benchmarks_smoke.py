@@ -136,6 +136,6 @@ def test_architecture_sweep_checks_every_mode(tmp_path):
     done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     results = {row["mode"]: row for row in json.loads(out.read_text())}
-    assert set(results) == {"infer", "train", "dyn"}, done.stdout
+    assert set(results) == {"infer", "train", "dyn", "bf16"}, done.stdout
     assert all(row["status"] == "ok" for row in results.values()), done.stdout
     assert results["train"]["n_compared"] > 10  # the loss, the logits and the gradients
