@@ -362,25 +362,17 @@ def zoo():
 
     M["whisper"] = whisper()
 
+    # CLIP's and SigLIP's two towers
+    layers = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    text_and_vision = {
+        "text_config": {**layers, "vocab_size": V, "max_position_embeddings": 32},
+        "vision_config": {**layers, "image_size": 32, "patch_size": 8},
+    }
+
     def clip():
         def build():
             cfg = t.CLIPConfig(
-                text_config=dict(
-                    vocab_size=V,
-                    hidden_size=64,
-                    intermediate_size=128,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    max_position_embeddings=32,
-                ),
-                vision_config=dict(
-                    hidden_size=64,
-                    intermediate_size=128,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    image_size=32,
-                    patch_size=8,
-                ),
+                **text_and_vision,
                 projection_dim=32,
             )
             return t.CLIPModel(cfg)
@@ -903,22 +895,7 @@ def zoo():
     def siglip():
         def build():
             cfg = t.SiglipConfig(
-                text_config=dict(
-                    vocab_size=V,
-                    hidden_size=64,
-                    intermediate_size=128,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    max_position_embeddings=32,
-                ),
-                vision_config=dict(
-                    hidden_size=64,
-                    intermediate_size=128,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    image_size=32,
-                    patch_size=8,
-                ),
+                **text_and_vision,
             )
             return t.SiglipModel(cfg)
 
