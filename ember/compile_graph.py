@@ -67,7 +67,7 @@ def _compile_graph(
     donated = donated_inputs(gm, config)
     versions += f" donated={','.join(donated)}" if donated else ""  # (Note: donated inputs, donation.py)
     saved = gm.meta.get(SAVED_OUTPUTS, ())  # stored in eager's exact strides (Note: outputs in eager's layout)
-    versions += f" saved={saved[0]}-{saved[-1]}" if saved else ""
+    versions += f" saved={','.join(saved)}" if saved else ""
     # Note: the graph cache key and the passes. ember's own passes are a function of the graph,
     # the config and ember's source, all in the key: without user hooks the graph is keyed as
     # received, and a hit skips the passes too. A user's hook may do anything, so with hooks

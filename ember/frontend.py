@@ -103,15 +103,16 @@ def compile_aot_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], confi
 def mark_saved_outputs(gm: torch.fx.GraphModule) -> None:
     """Which of a forward's outputs its backward reads, from AOTAutograd's tracing context while it
     compiles: those after its first `num_forward` (the caller's outputs, mutated inputs, bases, RNG
-    offsets). They must come back in eager's exact strides (Note: outputs in eager's layout); kept
-    in `gm.meta[SAVED_OUTPUTS]` (part of the graph key). Absent where torch has no such field."""
+    offsets). They must come back in eager's exact strides (Note: outputs in eager's layout); their
+    node names are kept in `gm.meta[SAVED_OUTPUTS]` (part of the graph key). Absent where torch has
+    no such field."""
     context = torch._guards.TracingContext.try_get()
     forward = getattr(getattr(context, "fw_metadata", None), "num_forward", None)
     if not isinstance(forward, int):
         return
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    count = len(tree_flatten(output.args[0])[0])
-    gm.meta[SAVED_OUTPUTS] = tuple(range(forward, count))
+    saved = tree_flatten(output.args[0])[0][forward:]
+    gm.meta[SAVED_OUTPUTS] = tuple(sorted({r.name for r in saved if isinstance(r, torch.fx.Node)}))
 
 
 def compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: list[Any], config, role: str = "graph") -> Callable:

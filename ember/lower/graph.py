@@ -78,8 +78,9 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], fallback_ra
     """`unrenderable`, `ordered_reductions`: the capabilities of the backend the kernels go to
     (Note: backends, backend.py)."""
     graph = LoweredGraph(inputs=[], constants={})
+    saved = frozenset(gm.meta.get(SAVED_OUTPUTS, ()))  # (the frontend's: Note: outputs in eager's layout)
     ctx = LoweringContext(graph, fallback_random=fallback_random, unrenderable=unrenderable,
-                          ordered_reductions=ordered_reductions, saved_outputs=saved_output_names(gm))  # fmt: skip
+                          ordered_reductions=ordered_reductions, saved_outputs=saved)  # fmt: skip
     env: dict[torch.fx.Node, Any] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -451,16 +452,7 @@ def _output_buffer(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue
 # (`SAVED_OUTPUTS`, marked by the frontend) is stored with eager's gaps; stored dense, it failed
 # the backward's layout check. One the user gets is stored dense, in eager's order: only the
 # elements returned are computed (tests/test_output_layout.py).
-SAVED_OUTPUTS = "ember_saved_outputs"  # gm.meta: positions of a forward's outputs the backward reads
-
-
-def saved_output_names(gm: torch.fx.GraphModule) -> frozenset[str]:
-    """The names of the nodes a forward returns for its backward (`SAVED_OUTPUTS` positions)."""
-    positions = set(gm.meta.get(SAVED_OUTPUTS, ()))
-    if not positions:
-        return frozenset()
-    results, _ = tree_flatten(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0])
-    return frozenset(r.name for i, r in enumerate(results) if i in positions and isinstance(r, torch.fx.Node))
+SAVED_OUTPUTS = "ember_saved_outputs"  # gm.meta: names of the nodes a forward returns for its backward
 
 
 def _eager_output_layout(meta: Any, shape: tuple[int, ...], gaps: bool = False) -> Layout | None:

@@ -143,10 +143,7 @@ def graph_last_uses(graph: LoweredGraph, steps: list[Step]) -> list[list[str]]:
     bases = view_bases(graph, steps)
     returned = {base for name in outputs for base in bases.get(name, ())}
     keep = outputs | returned | {b.name for b in graph.inputs} | set(graph.constants)
-    freed: list[list[str]] = [[] for _ in steps]
-    for name, i in last_use_positions(steps, reads_through_views(bases), writes_of, keep).items():
-        freed[i].append(name)
-    return freed
+    return last_uses(steps, keep, reads_through_views(bases))
 
 
 def view_bases(graph: LoweredGraph, steps: list[Step]) -> dict[str, set[str]]:
@@ -189,9 +186,9 @@ def dying_buffers(graph: LoweredGraph, steps: list[Step]) -> list[dict[str, Buff
     return [{n: graph.buffers[n] for n in names if n not in never} for names in last_uses(steps, keep=kept)]
 
 
-def last_uses(steps: list[Step], keep: set[str]) -> list[list[str]]:
+def last_uses(steps: list[Step], keep: set[str], reads: Callable[[Step], list[str]] = reads_of) -> list[list[str]]:
     """For each step, the buffers whose last reader (or writer) it is, except those in `keep`."""
     freed: list[list[str]] = [[] for _ in steps]
-    for name, i in last_use_positions(steps, reads_of, writes_of, keep).items():
+    for name, i in last_use_positions(steps, reads, writes_of, keep).items():
         freed[i].append(name)
     return freed
