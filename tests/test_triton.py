@@ -383,6 +383,24 @@ def test_independent_reductions_share_a_looped_phase():
     assert ember.metrics.reduce_loops == 2
 
 
+def test_launch_candidates_fit_their_rows_and_the_default_tuning_bound():
+    """Every GPU candidate is a legal launch (powers of two, a persistent block holds its row, 1 to 16
+    warps), none repeats, and no list is longer than the default EMBER_TUNING_CANDIDATES, so no
+    candidate a list names is silently cut (the long-row chunks of 4096 and 8192 elements included)."""
+    bound = ember.config.Config().tuning_candidates
+    for variants in (["persistent", "looped"], ["looped"]):
+        for rnumel in (1, 7, 64, 768, 1024, 1025, 4096, 8192, 16384, 32768, 50257, 1 << 20):
+            for xnumel in (1, 16, 64, 4096, 1 << 20):
+                found = triton_runtime.candidates(variants, xnumel, rnumel, False)
+                assert 0 < len(found) <= bound and len(set(found)) == len(found), (variants, xnumel, rnumel, found)
+                for c in found:
+                    assert c.variant in variants and 1 <= c.num_warps <= 16, c
+                    assert all(n & (n - 1) == 0 for n in (c.xblock, c.rblock, c.num_warps)), c
+                    assert c.variant == "looped" or c.rblock >= rnumel, c
+                if variants == ["looped"] and rnumel >= 16384:
+                    assert {(c.rblock, c.num_warps) for c in found if c.xblock == 1} >= {(4096, 16), (8192, 16)}
+
+
 def test_tuning_candidates_bound_what_a_first_call_compiles(monkeypatch):
     """EMBER_TUNING_CANDIDATES: the first call compiles and times at most that many
     configurations, the best guesses first (what the compile pool precompiles too)."""
