@@ -1308,9 +1308,14 @@ def summarize(res, pairs):
     or a gradient is missing). Shared with benchmarks/timm_sweep.py."""
     worst = None
     flagged = []
-    gscale = max((_finite_max(r) for (rn, r), _, _ in pairs if rn.startswith("grad:")), default=0.0)
+    # a gradient's (or a running statistic's) error is relative to at least 1e-3 of the largest of its kind:
+    # one that is analytically zero is float64 noise (~1e-20), against which float32 rounding looks huge
+    scales = {
+        kind: max((_finite_max(r) for (rn, r), _, _ in pairs if rn.startswith(kind)), default=0.0)
+        for kind in ("grad:", "buffer:")
+    }
     for (rn, r), (_, e), (_, g) in pairs:
-        floor = 1e-3 * gscale if rn.startswith("grad:") else 0.0
+        floor = next((1e-3 * scale for kind, scale in scales.items() if rn.startswith(kind)), 0.0)
         ge, gnote = rel_err(g, r, floor)
         ee, enote = rel_err(e, r, floor)
         if gnote.startswith("nonfinite") and enote.startswith("nonfinite"):
@@ -1334,6 +1339,7 @@ def summarize(res, pairs):
         "failed": mt.graphs_failed,
         "kernels": mt.kernels_generated,
         "fallback_ops": dict(mt.fallback_ops),
+        "symbolic_fallbacks": dict(mt.symbolic_fallbacks),
     }
     res["graph_breaks"] = sum(counters["graph_break"].values())
     res["worst"] = worst
@@ -1413,6 +1419,8 @@ def fmt(res):
         head += f" fb {em['fallback_ops']}]" if em.get("fallback_ops") else "]"
         if em.get("failed"):
             head += f" EMBER_FAILED={em['failed']}"
+        if em.get("symbolic_fallbacks"):
+            head += f"  per-shape: {em['symbolic_fallbacks']}"
         for k in ("grad_missing", "grad_extra", "note", "rerun_diff", "ref_nonfinite"):
             if res.get(k):
                 head += f"  {k}={res[k]}"
