@@ -1299,11 +1299,23 @@ def check(name, build, make_inputs, mode):
                 res.setdefault("grad_missing", []).append(pn)
                 continue
             pairs.append(((f"grad:{pn}", p64.grad), (pn, pe.grad), (pn, pg.grad)))
+    return summarize(res, pairs)
+
+
+def summarize(res, pairs):
+    """Fill `res` from (reference, eager, ember) pairs of named tensors: the worst error, the flagged
+    pairs, ember's metrics and dynamo's graph breaks, and the status (WRONG where any pair is flagged
+    or a gradient is missing). Shared with benchmarks/timm_sweep.py."""
     worst = None
     flagged = []
-    gscale = max((_finite_max(r) for (rn, r), _, _ in pairs if rn.startswith("grad:")), default=0.0)
+    # a gradient's (or a running statistic's) error is relative to at least 1e-3 of the largest of its kind:
+    # one that is analytically zero is float64 noise (~1e-20), against which float32 rounding looks huge
+    scales = {
+        kind: max((_finite_max(r) for (rn, r), _, _ in pairs if rn.startswith(kind)), default=0.0)
+        for kind in ("grad:", "buffer:")
+    }
     for (rn, r), (_, e), (_, g) in pairs:
-        floor = 1e-3 * gscale if rn.startswith("grad:") else 0.0
+        floor = next((1e-3 * scale for kind, scale in scales.items() if rn.startswith(kind)), 0.0)
         ge, gnote = rel_err(g, r, floor)
         ee, enote = rel_err(e, r, floor)
         if gnote.startswith("nonfinite") and enote.startswith("nonfinite"):
@@ -1317,6 +1329,8 @@ def check(name, build, make_inputs, mode):
             worst = (rn, ge, ee)
         if gnote or flag(ge, ee):
             flagged.append((rn, ge, ee, gnote))
+    from torch._dynamo.utils import counters
+
     import ember
 
     mt = ember.metrics
@@ -1325,9 +1339,8 @@ def check(name, build, make_inputs, mode):
         "failed": mt.graphs_failed,
         "kernels": mt.kernels_generated,
         "fallback_ops": dict(mt.fallback_ops),
+        "symbolic_fallbacks": dict(mt.symbolic_fallbacks),
     }
-    from torch._dynamo.utils import counters
-
     res["graph_breaks"] = sum(counters["graph_break"].values())
     res["worst"] = worst
     res["n_compared"] = len(pairs)
@@ -1351,13 +1364,21 @@ def child(name):
     M = zoo()
     build, make_inputs = M[name]
     modes = [m for m in MODES if m != "train" or name in TRAIN]
+    run_modes(name, modes, lambda mode: check(name, build, make_inputs, mode))
+
+
+def run_modes(name, modes, check_mode):
+    """Each mode under PER_MODE_LIMIT with dynamo reset before it; one `RESULT {json}` line per mode on
+    stdout, a crash's traceback on stderr. Shared with benchmarks/timm_sweep.py."""
+    import torch
+
     signal.signal(signal.SIGALRM, _alarm)
     for mode in modes:
         torch._dynamo.reset()
         t0 = time.time()
         signal.alarm(PER_MODE_LIMIT)
         try:
-            res = check(name, build, make_inputs, mode)
+            res = check_mode(mode)
         except Timeout as e:
             res = {"name": name, "mode": mode, "status": "SKIP", "error": str(e)}
         except Exception as e:
@@ -1398,6 +1419,8 @@ def fmt(res):
         head += f" fb {em['fallback_ops']}]" if em.get("fallback_ops") else "]"
         if em.get("failed"):
             head += f" EMBER_FAILED={em['failed']}"
+        if em.get("symbolic_fallbacks"):
+            head += f"  per-shape: {em['symbolic_fallbacks']}"
         for k in ("grad_missing", "grad_extra", "note", "rerun_diff", "ref_nonfinite"):
             if res.get(k):
                 head += f"  {k}={res[k]}"
@@ -1409,24 +1432,34 @@ def fmt(res):
 
 
 def driver(names, json_path=None):
-    logdir = tempfile.mkdtemp(prefix="ember_architectures_")
+    def n_modes(name):
+        return len([m for m in MODES if m != "train" or name in TRAIN])
+
+    command = [sys.executable, os.path.abspath(__file__), "--child"]
+    run_children(names, command, n_modes, json_path, "architectures", THREADS)
+
+
+def run_children(names, child_command, n_modes, json_path, label, threads):
+    """Each model in a process of its own (`child_command + [name]`) under EMBER_STRICT=1 with a fresh
+    cache; its RESULT lines printed as they come, a child that died or hung reported as a crash. Shared
+    with benchmarks/timm_sweep.py."""
+    logdir = tempfile.mkdtemp(prefix=f"ember_{label}_")
     allres = []
     t_all = time.time()
     for name in names:
         env = dict(
             os.environ,
             EMBER_STRICT="1",
-            OMP_NUM_THREADS=str(THREADS),
+            OMP_NUM_THREADS=str(threads),
             EMBER_CACHE_DIR=tempfile.mkdtemp(prefix=f"ember_sweep_{name}_"),
         )
-        n_modes = len([m for m in MODES if m != "train" or name in TRAIN])
         try:
             p = subprocess.run(
-                [sys.executable, os.path.abspath(__file__), "--child", name],
+                child_command + [name],
                 env=env,
                 capture_output=True,
                 text=True,
-                timeout=PER_MODE_LIMIT * n_modes + 120,
+                timeout=PER_MODE_LIMIT * n_modes(name) + 120,
             )
             out, err, rc = p.stdout, p.stderr, p.returncode
         except subprocess.TimeoutExpired as e:
@@ -1436,7 +1469,7 @@ def driver(names, json_path=None):
         with open(os.path.join(logdir, f"{name}.log"), "w") as f:
             f.write(out + "\n---- stderr ----\n" + err)
         results = [json.loads(ln[7:]) for ln in out.splitlines() if ln.startswith("RESULT ")]
-        if not results or len(results) < n_modes:
+        if not results or len(results) < n_modes(name):
             lastlines = [ln for ln in err.strip().splitlines() if ln.strip()][-1:] or [""]
             results.append(
                 {"name": name, "mode": "?", "status": "CRASH", "error": f"child exited rc={rc}: {lastlines[0][:300]}"}
@@ -1448,6 +1481,7 @@ def driver(names, json_path=None):
         with open(json_path, "w") as f:
             json.dump(allres, f, indent=1, default=str)
     print(f"total {time.time() - t_all:.0f}s; logs in {logdir}", flush=True)
+    return allres
 
 
 if __name__ == "__main__":

@@ -139,3 +139,22 @@ def test_architecture_sweep_checks_every_mode(tmp_path):
     assert set(results) == {"infer", "train", "dyn", "bf16"}, done.stdout
     assert all(row["status"] == "ok" for row in results.values()), done.stdout
     assert results["train"]["n_compared"] > 10  # the loss, the logits and the gradients
+
+
+def test_timm_sweep_checks_every_mode(tmp_path):
+    """benchmarks/timm_sweep.py on a small vision transformer and a small CNN (BatchNorm's running
+    statistics in train mode): each mode in a process of its own, every output and gradient against
+    float64 eager."""
+    pytest.importorskip("timm")
+    out = tmp_path / "timm.json"
+    command = [sys.executable, "-m", "benchmarks.timm_sweep", "vit", "regnetx_002", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = {(row["name"], row["mode"]): row for row in json.loads(out.read_text())}
+    modes = {"infer", "train", "dyn", "channels_last"}
+    assert set(results) == {(name, mode) for name in ("vit", "regnetx_002") for mode in modes}, done.stdout
+    assert all(row["status"] == "ok" for row in results.values()), done.stdout
+    # the loss, the output, about 130 gradients and 50 BatchNorms' statistics
+    assert results[("regnetx_002", "train")]["n_compared"] > 150
+    assert "totals: ok 8" in done.stdout

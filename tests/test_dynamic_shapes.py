@@ -104,3 +104,23 @@ def test_non_contiguous_and_empty_inputs_specialize_on_strides():
     for x in [torch.randn(4, 6), torch.randn(6, 5).t(), torch.randn(0, 3), torch.randn(3, 8)[:, ::2]]:
         x = to_test_device(x)
         torch.testing.assert_close(compiled(x), (x.double() * 3).exp().sum(-1).float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_max_pool_with_indices_before_a_convolution(dtype):
+    """A convolution reading a max pool's value (a getitem of max_pool2d_with_indices' pair, ResNet's
+    stem): the channels-last pass recomputes the getitem's fake value from the pair, which holds the
+    only fake tensors in sight once the graph is specialized outside AOTAutograd's tracing."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+    model = torch.nn.Sequential(conv, torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1), torch.nn.Conv2d(8, 4, 3))
+    model = model.to(test_device(), dtype).eval()
+    reference = upcast(model)
+    compiled = torch.compile(model, backend="ember")
+    ember.metrics.reset()
+    with torch.no_grad():
+        for batch, size in [(2, 16), (3, 24), (2, 33)]:
+            x = to_test_device(torch.randn(batch, 3, size, size, dtype=dtype))
+            torch.testing.assert_close(compiled(x), reference(x.double()).to(dtype), rtol=1e-4, atol=1e-4)
+    assert ember.metrics.graphs_failed == 0 and ember.metrics.shape_specializations >= 2

@@ -20,8 +20,11 @@ from ember.ir import same_sizes
 
 
 def fake_value(node: torch.fx.Node) -> Any:
+    # A getitem's only input is a tuple of fake tensors (max_pool2d_with_indices'); detect_fake_mode
+    # looks inside it. Under AOTAutograd the tracing context names the mode anyway, but a graph
+    # specialized per shape at its call (shape_specialization.py) has only its nodes' values.
     metas = [n.meta.get("val") for n in node.all_input_nodes]
-    fake_mode = detect_fake_mode([v for v in metas if isinstance(v, torch.Tensor)])
+    fake_mode = detect_fake_mode(metas)
     if fake_mode is None:
         raise ValueError(f"no fake tensor among the arguments of {node.target} ({node.name})")
     with unset_fake_temporarily():
