@@ -229,6 +229,20 @@ def test_views_of_symbolic_sizes():
     assert_compiled_once()
 
 
+def test_slices_counted_from_the_end_of_a_symbolic_size():
+    """x[:, -k:] of a symbolic size known to be at least k starts at size - k in ember's kernels (XCiT's
+    last-row slice of a repeated norm), not in aten's slice."""
+
+    def f(x):
+        flat = x.reshape(x.shape[0], -1)  # at least 4 elements a row: its last 3, every other one
+        return x[:, -1:] * 2, x[:, -2:, 1:] + 1, flat[:, -3::2].exp()
+
+    check_shapes(f, lambda b, s: [torch.randn(b, s, 5)], [(2, 3), (3, 7), (4, 2)])
+    assert ember.metrics.fallback_calls == 0, dict(ember.metrics.fallback_ops)
+    # each graph dynamo makes (its own guards on s against 2 recompile once) compiled with symbolic sizes
+    assert not ember.metrics.symbolic_fallbacks and ember.metrics.shape_specializations == 0
+
+
 def test_a_symbolic_view_an_extern_reads_is_not_copied():
     """Attention's heads made contiguous and viewed as (batch * heads, seq, dim) for bmm: the view
     is the kernel's buffer read in eager's strides (lower/views.py symbolic_view), not a copy."""

@@ -13,7 +13,7 @@ from ember.lower.collectives import communication_of
 from ember.lower.values import TensorValue, as_strided_read, load, reads_transposed
 from ember.uop.dtypes import from_torch
 from ember.uop.ops import Ops, RangeKind, UOp
-from ember.uop.variables import size_hint
+from ember.uop.variables import known_one, known_zero, size_hint
 
 # aten matmuls that read any strided operand, a transposed one as fast as a plain one (BLAS)
 MATMUL_OPS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm}
@@ -198,12 +198,13 @@ def with_eager_unit_strides(ref: BufferRef, meta: Any) -> BufferRef:
     ember's views leave it 0, but some kernels check it: cuDNN's attention backward wants stride 1
     for the last dim of its (batch, heads, rows, 1) statistics."""
     size, old = ref.layout.size, ref.layout.stride
-    eager = tuple(meta.stride()) if isinstance(meta, torch.Tensor) and tuple(meta.shape) == size else (0,) * len(size)
+    same = isinstance(meta, torch.Tensor) and same_sizes(tuple(meta.shape), size)
+    eager = tuple(meta.stride()) if same else (0,) * len(size)
     stride = list(old)
-    for i in reversed(range(len(size))):
-        if size[i] == 1:
-            inner = stride[i + 1] * max(size[i + 1], 1) if i + 1 < len(size) else 1
-            stride[i] = eager[i] or inner or 1
-    if tuple(stride) == old:
+    for i in reversed(range(len(size))):  # asking no guard of symbolic sizes (Note: symbolic sizes)
+        if known_one(size[i]):
+            inner = stride[i + 1] * torch.sym_max(size[i + 1], 1) if i + 1 < len(size) else 1
+            stride[i] = next(s for s in (eager[i], inner, 1) if not known_zero(s))
+    if same_sizes(tuple(stride), old):
         return ref
     return BufferRef(ref.name, Layout(size, tuple(stride), ref.layout.offset), ref.dtype)

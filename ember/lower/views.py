@@ -113,9 +113,13 @@ def lower_slice(ctx: LoweringContext, node: torch.fx.Node, x: TensorValue, dim=0
 
 def symbolic_slice(x: TensorValue, dim: int, start, step: int, length) -> TensorValue:
     """x[..., start::step, ...] of `length` (the meta's, clamped as eager clamps) where a size or a
-    bound is symbolic: a start known non-negative (Python's clamping of a negative one would need
-    the size's value), else aten's slice."""
+    bound is symbolic: a start known non-negative, or a negative constant -k counted from the end
+    where the size is known to be at least k (x[:, -1:], the last row: size - k); otherwise Python's
+    clamping would need the size's value, and aten's slice runs it."""
     start = index_size(0 if start is None else start)
+    size = index_size(x.shape[dim])
+    if isinstance(start, int) and start < 0 and (size if isinstance(size, int) else size.vmin) >= -start:
+        start = size + start
     if (start if isinstance(start, int) else start.vmin) < 0:
         raise Unsupported("a negative slice start of a symbolic size")
     old_axes = [axis(i) for i in range(x.ndim)]

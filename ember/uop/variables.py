@@ -216,3 +216,12 @@ def known_zero(n) -> bool:
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     return statically_known_true(n == 0)
+
+
+def known_one(n) -> bool:
+    """Whether the size `n` is 1, asking no guard of a symbolic one (as `known_zero`)."""
+    if isinstance(n, int):
+        return n == 1
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(n == 1)
