@@ -59,6 +59,23 @@ def test_longer_keys():
     assert ember.metrics.pass_rewrites["attention"] == 1
 
 
+def channel_attention(q, k, v):
+    """DaViT's channel attention: softmax(k^T v) @ q^T, every operand transposed (last dim strided)."""
+    return (torch.softmax(k.mT @ v * 0.2, dim=-1) @ q.mT).mT
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 3, 8), (1, 40, 2, 32)])
+def test_operands_strided_in_the_head_dim_are_left_alone(shape):
+    """The CPU flash kernel reads each operand's last dim as contiguous whatever its stride (eager's
+    dispatch runs its math kernel for such operands): written-out attention over transposed operands
+    keeps its pieces. Before, ember returned wrong values, different at each call."""
+    q, k, v = (heads(*shape, seed) for seed in range(3))
+    first = check(channel_attention, q, k, v)
+    assert ember.metrics.pass_rewrites["attention"] == 0
+    compiled = torch.compile(channel_attention, backend="ember", dynamic=False)
+    assert all(torch.equal(first, compiled(q, k, v)) for _ in range(3))  # no reads of stale memory
+
+
 def test_a_wider_value_is_left_alone():
     """The CPU flash attention wants one head size for q, k and v."""
     q = data((2, 2, 12, 16), seed=0, spread=1.0)
@@ -156,6 +173,14 @@ def test_repeated_heads_with_masks():
     assert ember.metrics.pass_rewrites["grouped_query_attention"] == 1
     check(gqa(4, causal=True), q, k.contiguous(), v)
     assert ember.metrics.pass_rewrites["grouped_query_attention"] == 2  # counted over both graphs
+
+
+def test_repeated_heads_strided_in_the_head_dim_are_left_repeated():
+    """The shared heads the GQA rule would hand the flash kernel must be contiguous in the head dim."""
+    q = heads(2, 16, 8, 8, 0)
+    k, v = (data((2, 2, 8, 16), seed=s, spread=1.0).mT for s in (1, 2))  # [B, Hkv, L, E] with E strided
+    check(gqa(4), q, k, v)
+    assert ember.metrics.pass_rewrites["grouped_query_attention"] == 0
 
 
 def tiled_heads(q, k, v):

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ember.passes import meta
 from ember.passes.matcher import FxPat, FxPatternMatcher
@@ -145,7 +146,16 @@ def fits_flash_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         return False
     head_dim = query.shape[3]  # the CPU kernel wants one head size for q, k and v
     same_head_dim = key.shape[3] == head_dim and value.shape[3] == head_dim
-    return same_head_dim and key.shape[2] == value.shape[2] and 0 < head_dim <= MAX_HEAD_DIM
+    fits = same_head_dim and key.shape[2] == value.shape[2] and 0 < head_dim <= MAX_HEAD_DIM
+    return fits and all(unit_last_stride(t) for t in tensors)
+
+
+def unit_last_stride(t: torch.Tensor) -> bool:
+    """Whether `t`'s last dim is contiguous. The CPU flash kernel reads a row of the head dim as
+    contiguous whatever its stride says (eager's dispatch checks this and runs the math kernel
+    instead): DaViT's channel attention, softmax(k^T v) @ q^T, gave it transposed operands with
+    stride 96 there, and ember returned wrong values that changed from call to call."""
+    return statically_known_true(t.stride(-1) == 1) or statically_known_true(t.shape[-1] == 1)
 
 
 def flash_attention(graph: torch.fx.Graph, node: torch.fx.Node, bmm: torch.fx.Node) -> torch.fx.Node | None:
@@ -219,6 +229,9 @@ def grouped_query_attention(graph: torch.fx.Graph, node: torch.fx.Node, query: A
     queries, repeated = _value(query), _value(key)
     if queries is None or repeated is None or tuple(queries.shape[:2]) != tuple(repeated.shape[:2]):
         return None  # the kernel's head mapping needs one query head per repeated head
+    shared = [_value(keys[0]), _value(values[0])]
+    if any(t is None or not unit_last_stride(t) for t in shared):
+        return None
     args = (query, keys[0], values[0], *node.args[3:])
     return meta.call(graph, aten._scaled_dot_product_flash_attention_for_cpu.default, args, dict(node.kwargs))
 
