@@ -243,6 +243,18 @@ def test_slices_counted_from_the_end_of_a_symbolic_size():
     assert not ember.metrics.symbolic_fallbacks and ember.metrics.shape_specializations == 0
 
 
+def test_a_batchnorm_after_a_pointwise_convolution_compiles_once():
+    """Whether folding BatchNorm into a 1 x 1 convolution's weight pays compares the weight with the
+    output, whose size has the symbolic batch: a speed guess, made on the example's size, not a guard
+    (EfficientFormerV2 and TinyViT compiled once per batch size before)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(96, 96, 1), torch.nn.BatchNorm2d(96), torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1), model[1].running_var.uniform_(0.5, 2)
+    check_shapes(model, lambda b: [torch.randn(b, 96, 4, 4)], [(2,), (3,), (5,)])
+    assert_compiled_once()
+
+
 def test_a_symbolic_view_an_extern_reads_is_not_copied():
     """Attention's heads made contiguous and viewed as (batch * heads, seq, dim) for bmm: the view
     is the kernel's buffer read in eager's strides (lower/views.py symbolic_view), not a copy."""

@@ -42,7 +42,7 @@ from ember.passes.bias import read_by_kernels_only
 from ember.passes.eager_memory import headroom_bytes
 from ember.passes.matcher import FxPat, FxPatternMatcher
 from ember.passes.matmul_timing import LinearShape, onednn_is_faster
-from ember.uop.variables import known_size_hint
+from ember.uop.variables import known_size_hint, size_hint
 
 aten = torch.ops.aten
 
@@ -388,8 +388,9 @@ def fold_convolution_epilogues(graph: torch.fx.Graph, relu: bool) -> int:
 
 
 def _folding_pays(conv: torch.fx.Node) -> bool:
+    """(A symbolic output's size is its example's: a guess about speed, Note: symbolic sizes.)"""
     weight = conv.args[1]
-    return _channels_last_copy(weight) or weight.meta["val"].numel() <= conv.meta["val"].numel()  # type: ignore[union-attr]
+    return _channels_last_copy(weight) or weight.meta["val"].numel() <= size_hint(conv.meta["val"].numel())  # type: ignore[union-attr]
 
 
 def _channels_last_copy(node: Any) -> bool:
