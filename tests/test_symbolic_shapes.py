@@ -282,6 +282,36 @@ def test_a_reshape_that_copies_is_not_read_as_a_view():
     check_shapes(model, lambda b: [torch.randn(b, 3, 8, 8)], [(2,), (3,), (5,)])
 
 
+def test_a_pooled_norm_reads_its_statistics_once_per_row():
+    """PoolFormer's token mixer, pool(norm(x)) - norm(x): the pool reads the norm at positions clamped
+    into the image, min(max(h + k - 1, 0), s - 1), and the norm's statistics at that position's
+    row, (flat // (c*s*s)) % b. Until a clamp was known below s (uop/symbolic_division.py
+    exclusive_bound) that row did not fold to the pool's own, so the kernel recomputed the
+    statistics' reductions over the whole row for each element and window position: quadratic in
+    the image, minutes per call at timm's sizes. The symbolic kernel opens the static one's loops."""
+
+    class TokenMixer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.GroupNorm(1, 8)
+            self.pool = torch.nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+
+        def forward(self, x):
+            y = self.norm(x)
+            return x + self.pool(y) - y
+
+    torch.manual_seed(0)
+    model = TokenMixer().eval()
+    with torch.no_grad():
+        torch.compile(model, backend="ember")(torch.randn(2, 8, 6, 6))
+    static_loops = ember.metrics.reduce_loops
+    torch._dynamo.reset()
+    ember.metrics.reset()
+    check_shapes(model, lambda b, s: [torch.randn(b, 8, s, s)], [(2, 6), (3, 10), (2, 5), (4, 7)])
+    assert_compiled_once()
+    assert ember.metrics.reduce_loops == static_loops
+
+
 def test_padding_to_a_multiple_compiles_once():
     """A length padded up to a multiple of 8 (s - s % 8 + 8, as sdpa pads an attention mask on the
     GPU): the pad's emptiness check asks no guard of the padded size (lower/values.py known_zero)."""
@@ -427,6 +457,9 @@ def test_division_by_size_variables_keeps_every_value():
     b = UOp.range(s0 * s1, 0)
     r = UOp.range(s1, 1, RangeKind.LOOP)
     c = UOp.range(UOp.const(dtypes.index, 64), 2)
+    k = UOp.range(UOp.const(dtypes.index, 3), 3, RangeKind.REDUCE)
+    one, zero = UOp.const(dtypes.index, 1), UOp.const(dtypes.index, 0)
+    clamped = (r + k - one).alu(Ops.MAX, zero).alu(Ops.MIN, s1 - one)  # min(max(r + k - 1, 0), s1 - 1)
     flat = b * 64 + c
     expressions = [
         ((flat // (s1 * 64)) % s0) * (s1 * 64) + ((flat // 64) % s1) * 64 + flat % 64,
@@ -435,13 +468,16 @@ def test_division_by_size_variables_keeps_every_value():
         (b * s1 + r) // s1,
         (b * s1 + r) % s1,
         ((b // s1) % s0) * s1 * 3 + (b % s1) * 3,
+        (c * s1 + clamped) // (s1 * 64),  # a pooling window's row: 0 (clamped < s1)
+        (b * (s1 * 64) + c * s1 + clamped) // (s1 * 64) % s0,
+        (c * s1 + clamped) % (s1 * 64),
     ]
     for e in expressions:
         simplified = simplify(e)
         for _ in range(40):
             v0, v1 = rng.randint(2, 9), rng.randint(2, 9)
             sizes = {s0: v0, s1: v1}
-            at = {**sizes, b: rng.randrange(v0 * v1), r: rng.randrange(v1), c: rng.randrange(64)}
+            at = {**sizes, b: rng.randrange(v0 * v1), r: rng.randrange(v1), c: rng.randrange(64), k: rng.randrange(3)}
             assert _evaluate(simplified, at) == _evaluate(e, at), (e, simplified, at)
 
 
@@ -452,6 +488,22 @@ def test_reshape_reads_fold_back_to_strided_reads():
     flat = b * 64 + c
     index = ((flat // (s1 * 64)) % s0) * (s1 * 64) + ((flat // 64) % s1) * 64 + flat % 64
     assert not any(u.op in (Ops.IDIV, Ops.MOD) for u in simplify(index).toposort)
+
+
+def test_a_clamped_window_position_folds_to_its_row():
+    """A pooling window's position clamped into the image, min(max(h + k - 1, 0), s - 1), is below s:
+    the row of an (n, 8, s, s) tensor read there, viewed as (n, 8*s*s), is the window's own."""
+    s, n = variable("s", 2, 1 << 40), variable("n", 2, 1 << 40)
+    one, zero = UOp.const(dtypes.index, 1), UOp.const(dtypes.index, 0)
+    b, channel, h, w = UOp.range(n, 0), UOp.range(UOp.const(dtypes.index, 8), 1), UOp.range(s, 2), UOp.range(s, 3)
+    kh, kw = (UOp.range(UOp.const(dtypes.index, 3), i, RangeKind.REDUCE) for i in (4, 5))
+
+    def clamp(x):
+        return (x - one).alu(Ops.MAX, zero).alu(Ops.MIN, s - one)
+
+    row_size = s * s * 8
+    flat = b * row_size + channel * (s * s) + clamp(h + kh) * s + clamp(w + kw)
+    assert simplify((flat // row_size) % n) is b
 
 
 def test_a_read_across_padded_rows_is_a_strided_read():

@@ -99,13 +99,20 @@ def exact_quotient(u: UOp, d: UOp) -> UOp | None:
 
 def exclusive_bound(x: UOp) -> UOp | None:
     """A UOp that `x` stays below for every value of the size variables (x >= 0), or None: a loop
-    is below its size, a remainder below its divisor, q*f + r (0 <= r < f) below bound(q)*f."""
+    is below its size, a remainder below its divisor, q*f + r (0 <= r < f) below bound(q)*f, y - c
+    (c >= 1) below y's bound or y, min(a, b) below either's bound. So a position clamped into a
+    dim of size s, min(max(i, 0), s - 1), as pooling and padded convolutions read their windows,
+    is below s."""
     if x.op is Ops.RANGE:
         return x.src[0]
     if x.op is Ops.MOD and x.src[0].vmin >= 0:
         return x.src[1]
     if x.op is Ops.IDIV and x.src[0].vmin >= 0 and (inner := exclusive_bound(x.src[0])) is not None:
         return exact_quotient(inner, x.src[1])
+    if x.op is Ops.MIN:
+        return next((bound for src in x.src if (bound := exclusive_bound(src)) is not None), None)
+    if x.op is Ops.ADD and x.src[1].op is Ops.CONST and x.src[1].arg <= -1:
+        return x.src[0] if (bound := exclusive_bound(x.src[0])) is None else bound  # s - 1 < s
     if x.op is Ops.ADD:
         split = inner_split(x)
         if split is not None and (bound := exclusive_bound(split[0])) is not None:
