@@ -1484,25 +1484,34 @@ def run_children(names, child_command, n_modes, json_path, label, threads):
     return allres
 
 
+def parse_sweep_args(prog: str, doc: str, known_names: list, known_modes: tuple, modes: list, threads: int,
+                     env_prefix: str):  # fmt: skip
+    """A sweep's command line (model names, --json, --modes, --threads), checked; the modes and threads
+    exported as EMBER_<env_prefix>_MODES and _THREADS, which its children read."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    parser.add_argument("names", nargs="*", help=f"models (default: all {len(known_names)})")
+    parser.add_argument("--json", help="write every result here")
+    parser.add_argument("--modes", default=",".join(modes), help="among " + ",".join(known_modes))
+    parser.add_argument("--threads", type=int, default=threads, help="torch's threads in each model's process")
+    args = parser.parse_args()
+    if set(args.modes.split(",")) - set(known_modes):
+        parser.error(f"unknown modes in {args.modes!r}")
+    unknown = [n for n in args.names if n not in known_names]
+    if unknown:
+        parser.error(f"unknown models {unknown}; known: {' '.join(known_names)}")
+    os.environ[f"EMBER_{env_prefix}_MODES"] = args.modes
+    os.environ[f"EMBER_{env_prefix}_THREADS"] = str(args.threads)
+    return args
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         child(sys.argv[2])
     else:
-        import argparse
-
-        parser = argparse.ArgumentParser(prog="python -m benchmarks.architectures", description=__doc__.splitlines()[0])
-        parser.add_argument("names", nargs="*", help=f"models (default: all {len(ORDER + ORDER2)})")
-        parser.add_argument("--json", help="write every result here")
-        parser.add_argument("--modes", default=",".join(MODES), help="among infer,train,dyn,bf16")
-        parser.add_argument("--threads", type=int, default=THREADS, help="torch's threads in each model's process")
-        args = parser.parse_args()
-        if set(args.modes.split(",")) - {"infer", "train", "dyn", "bf16"}:
-            parser.error(f"unknown modes in {args.modes!r}")
-        os.environ["EMBER_ARCHITECTURE_MODES"] = args.modes  # the children read these
-        os.environ["EMBER_ARCHITECTURE_THREADS"] = str(args.threads)
+        args = parse_sweep_args("python -m benchmarks.architectures", __doc__, ORDER + ORDER2,
+                                ("infer", "train", "dyn", "bf16"), MODES, THREADS, "ARCHITECTURE")  # fmt: skip
         MODES[:] = args.modes.split(",")
         THREADS = args.threads
-        unknown = [n for n in args.names if n not in ORDER + ORDER2]
-        if unknown:
-            parser.error(f"unknown models {unknown}; known: {' '.join(ORDER + ORDER2)}")
         driver(args.names or ORDER + ORDER2, args.json)

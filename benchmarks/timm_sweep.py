@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from benchmarks.architectures import rel_err, run_children, run_modes, summarize
+from benchmarks.architectures import parse_sweep_args, rel_err, run_children, run_modes, summarize
 
 MODES = os.environ.get("EMBER_TIMM_MODES", "infer,train,dyn,channels_last").split(",")  # (--modes)
 THREADS = int(os.environ.get("EMBER_TIMM_THREADS", "1"))  # (--threads)
@@ -339,21 +339,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         child(sys.argv[2])
     else:
-        import argparse
-
-        parser = argparse.ArgumentParser(prog="python -m benchmarks.timm_sweep", description=__doc__.splitlines()[0])
-        parser.add_argument("names", nargs="*", help=f"models (default: all {len(ZOO)})")
-        parser.add_argument("--json", help="write every result here")
-        parser.add_argument("--modes", default=",".join(MODES), help="among infer,train,dyn,channels_last")
-        parser.add_argument("--threads", type=int, default=THREADS, help="torch's threads in each model's process")
-        args = parser.parse_args()
-        if set(args.modes.split(",")) - {"infer", "train", "dyn", "channels_last"}:
-            parser.error(f"unknown modes in {args.modes!r}")
-        os.environ["EMBER_TIMM_MODES"] = args.modes  # the children read these
-        os.environ["EMBER_TIMM_THREADS"] = str(args.threads)
+        args = parse_sweep_args("python -m benchmarks.timm_sweep", __doc__, list(ZOO),
+                                ("infer", "train", "dyn", "channels_last"), MODES, THREADS, "TIMM")  # fmt: skip
         MODES[:] = args.modes.split(",")
         THREADS = args.threads
-        unknown = [n for n in args.names if n not in ZOO]
-        if unknown:
-            parser.error(f"unknown models {unknown}; known: {' '.join(ZOO)}")
         driver(args.names or list(ZOO), args.json)

@@ -211,17 +211,17 @@ def known_zero(n) -> bool:
     constants, so a symbolic size is at least 2, and an expression of them is 0 only where that
     is provable (a constant factor 0). Asking `n == 0` of a padded length (s - s % 8 + 8, as the
     attention mask's padding on the GPU makes) would need a guard the symbolic compile refuses."""
-    if isinstance(n, int):
-        return n == 0
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    return statically_known_true(n == 0)
+    return _known_equal(n, 0)
 
 
 def known_one(n) -> bool:
     """Whether the size `n` is 1, asking no guard of a symbolic one (as `known_zero`)."""
+    return _known_equal(n, 1)
+
+
+def _known_equal(n, value: int) -> bool:
     if isinstance(n, int):
-        return n == 1
+        return n == value
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-    return statically_known_true(n == 1)
+    return statically_known_true(n == value)
