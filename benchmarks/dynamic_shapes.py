@@ -2,7 +2,8 @@
 
     OMP_NUM_THREADS=1 python -m benchmarks.dynamic_shapes generate [--layers 2 --width 128] [--tokens 64]
                                                                    [--prompt 8] [--batch 1] [--rounds 5]
-    OMP_NUM_THREADS=1 python -m benchmarks.dynamic_shapes steady [--cases gpt2-tiny,gpt2,bert,llama] [--rounds 20]
+    OMP_NUM_THREADS=1 python -m benchmarks.dynamic_shapes steady [--cases gpt2-tiny,gpt2,bert,llama,resnet]
+                                                                 [--rounds 20]
     python -m benchmarks.dynamic_shapes steady --device cuda [--cases gpt2-768,llama-768,gpt2,llama]
 
 `generate`: GPT-2 (random weights, transformers' DynamicCache) writes `--tokens` tokens greedily
@@ -152,6 +153,35 @@ def hugging_face(name: str, layers: int, width: int, shapes: list[tuple]) -> Cas
     return Case(name, forward, lambda b, s: (torch.randint(0, 1000, (b, s)),), shapes, model)
 
 
+def residual_net(shapes: list[tuple]) -> Case:
+    """A small ResNet (stem, max pool, two basic blocks, the second with stride 2) over image sizes:
+    its channels-last convolutions ask a guard on the image size (Note: guards a compile adds)."""
+    from torch import nn
+
+    def block(inp: int, out: int, stride: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(inp, out, 3, stride, 1, bias=False), nn.BatchNorm2d(out), nn.ReLU(),
+                             nn.Conv2d(out, out, 3, 1, 1, bias=False), nn.BatchNorm2d(out))  # fmt: skip
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 32, 7, 2, 3, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+                                      nn.MaxPool2d(3, 2, 1))  # fmt: skip
+            self.one, self.two = block(32, 32, 1), block(32, 64, 2)
+            self.down = nn.Sequential(nn.Conv2d(32, 64, 1, 2, bias=False), nn.BatchNorm2d(64))
+            self.head = nn.Linear(64, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.stem(x)
+            x = torch.relu(x + self.one(x))
+            x = torch.relu(self.down(x) + self.two(x))
+            return self.head(x.mean((2, 3)))
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    return Case("resnet", model, lambda b, s: (torch.randn(b, 3, s, s),), shapes, model)
+
+
 CASES: dict[str, Callable[[], Case]] = {
     "gpt2-tiny": lambda: hugging_face("gpt2-tiny", 2, 128, [(1, 8), (2, 17), (1, 33), (4, 64)]),
     # GPU sizes (--device cuda)
@@ -160,6 +190,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "gpt2": lambda: hugging_face("gpt2", 2, 256, [(4, 128), (2, 50), (1, 16)]),
     "bert": lambda: hugging_face("bert", 2, 256, [(4, 128), (2, 50), (1, 16)]),
     "llama": lambda: hugging_face("llama", 2, 256, [(4, 128), (2, 50), (1, 16)]),
+    "resnet": lambda: residual_net([(4, 96), (8, 160), (2, 224), (1, 64)]),
 }
 
 
@@ -202,7 +233,8 @@ def run_case(case: Case, rounds: int, device: str = "cpu") -> list[str]:
             rows.append(f"{case.name:10s} {str(shape):10s} static {best['static']:8.3f}  "
                         f"symbolic {best['symbolic']:8.3f}  ratio {ratio:.3f}")  # fmt: skip
     m = ember.metrics
-    rows.append(f"{'':10s} graphs: symbolic {m.symbolic_graphs}, fallbacks {dict(m.symbolic_fallbacks)}")
+    rows.append(f"{'':10s} graphs: symbolic {m.symbolic_graphs}, fallbacks {dict(m.symbolic_fallbacks)}, "
+                f"guards added {sorted(m.size_guards)}")  # fmt: skip
     return rows
 
 

@@ -60,7 +60,18 @@ import ember
 from benchmarks import real_models, suite
 from ember.errors import EmberError
 
-COMPILERS = ("eager", "inductor", "ember")
+COMPILERS = ("eager", "inductor", "ember", "ember_dynamic")
+DEFAULT_COMPILERS = ("eager", "inductor", "ember")
+
+
+def compiled_with(compiler: str, fn: Callable, mode: str | None = None) -> Callable:
+    """`fn` under torch.compile with `compiler`'s backend. `ember_dynamic` is ember with
+    `dynamic=True`: its graphs are compiled once with symbolic sizes (Note: symbolic sizes), run
+    here at the workload's one shape, so its time against ember's is the cost of symbolic kernels."""
+    dynamic = compiler.endswith("_dynamic")
+    return torch.compile(fn, backend=compiler.removesuffix("_dynamic"), dynamic=dynamic, mode=mode)
+
+
 # --suite: the registry of workloads (benchmarks/README.md)
 SUITES: dict[str, dict[str, Callable[[bool], Any]]] = {"default": suite.WORKLOADS, "real": real_models.WORKLOADS}
 RTOL = ATOL = 1e-3
@@ -88,6 +99,7 @@ class ModelResult:
     ember_metrics: dict[str, Any] = field(default_factory=dict)
     ember_warnings: list[str] = field(default_factory=list)  # graphs ember ran eagerly, and why
     graph_breaks: int = 0
+    dynamic_graphs: dict[str, Any] = field(default_factory=dict)  # ember_dynamic: how its graphs compiled
     gb_per_s: dict[str, float] = field(default_factory=dict)  # only for memory-bound micro-benchmarks
 
 
@@ -137,7 +149,7 @@ def optimizer_step(workload: suite.Workload, compiler: str, dtype: torch.dtype |
         return loss.detach()
 
     mode = COMPILE_MODE["mode"]
-    step = whole_step if compiler == "eager" else torch.compile(whole_step, backend=compiler, dynamic=False, mode=mode)
+    step = whole_step if compiler == "eager" else compiled_with(compiler, whole_step, mode)
 
     def run() -> torch.Tensor:
         return step()
@@ -195,10 +207,9 @@ def compile_cold(workload: suite.Workload, compiler: str, result: ModelResult) -
         step = optimizer_step(workload, compiler)
     else:
         mode = COMPILE_MODE["mode"]
-        model = workload.model if compiler == "eager" else torch.compile(workload.model, backend=compiler,
-                                                                         dynamic=False, mode=mode)  # fmt: skip
+        model = workload.model if compiler == "eager" else compiled_with(compiler, workload.model, mode)
         step = make_step(model, workload)
-    if compiler == "ember":
+    if compiler.startswith("ember"):
         ember.metrics.reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -216,6 +227,11 @@ def compile_cold(workload: suite.Workload, compiler: str, result: ModelResult) -
     if compiler == "ember":
         result.ember_metrics = snapshot_ember_metrics()
         result.ember_warnings = [first_line(w.message) for w in caught if "ember" in str(w.message)]
+    if compiler == "ember_dynamic":
+        m = ember.metrics
+        result.dynamic_graphs = {"symbolic": m.symbolic_graphs, "per shape": m.shape_specializations,
+                                 "fallbacks": dict(m.symbolic_fallbacks),
+                                 "guards added": len(m.size_guards)}  # fmt: skip
     return step, outputs
 
 
@@ -378,7 +394,7 @@ def warm_up_process(compilers: list[str], scratch: Path, device: str = "cpu") ->
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                torch.compile(lambda t: torch.relu(t) * 2 + 1, backend=compiler, dynamic=False)(x)
+                compiled_with(compiler, lambda t: torch.relu(t) * 2 + 1)(x)
             except Exception as e:
                 print(f"note: warm-up compile with {compiler} failed: {first_line(e)}")
     torch._dynamo.reset()
@@ -519,8 +535,10 @@ def table_rows(results: list[ModelResult], compilers: list[str]) -> list[list[st
         return "-" if value is None else f"{value:.1f}"
 
     names = "/".join(c for c in compilers if c != "eager")
-    header = ["model", "eager ms", "inductor ms (speedup)", "ember ms (speedup)", "compile s inductor"]
-    header += ["compile s ember", "warm s ember", "kernels", "fallbacks", f"correct {names}"]
+    dynamic = "ember_dynamic" in compilers
+    header = ["model", "eager ms", "inductor ms (speedup)", "ember ms (speedup)"]
+    header += ["ember dynamic ms (speedup)"] if dynamic else []
+    header += ["compile s inductor", "compile s ember", "warm s ember", "kernels", "fallbacks", f"correct {names}"]
     rows = [header]
     for r in results:
         metrics = r.ember_metrics
@@ -529,6 +547,7 @@ def table_rows(results: list[ModelResult], compilers: list[str]) -> list[list[st
             time_cell(r, "eager"),
             time_cell(r, "inductor"),
             time_cell(r, "ember"),
+            *([time_cell(r, "ember_dynamic")] if dynamic else []),
             seconds(r.compile_s.get("inductor")),
             seconds(r.compile_s.get("ember")),
             seconds(r.warm_compile_s),
@@ -572,6 +591,8 @@ def details(results: list[ModelResult]) -> list[str]:
                 f"    warm compile missed the code cache for {metrics['warm_code_cache_misses']} kernels: "
                 "codegen differs between processes, or ember's source changed during the run"
             )
+        if r.dynamic_graphs:
+            lines.append(f"    ember dynamic graphs: {r.dynamic_graphs}")
         lines += [f"    {compiler} error: {error}" for compiler, error in r.errors.items()]
     return lines
 
@@ -610,6 +631,17 @@ def total_compile_line(results: list[ModelResult], compilers: list[str]) -> str:
     return f"cold compile, total over the {len(both)} workloads every compiler compiled: {text or '-'}{ratio}"
 
 
+def dynamic_ratio_line(results: list[ModelResult]) -> str:
+    """ember with dynamic=True against ember static: the geomean and the worst of the time ratios."""
+    ratios = {r.name: r.ms["ember_dynamic"] / r.ms["ember"] for r in results
+              if "ember" in r.ms and "ember_dynamic" in r.ms and not r.gb_per_s}  # fmt: skip
+    if not ratios:
+        return "ember dynamic / static: -"
+    worst = max(ratios, key=ratios.__getitem__)
+    return (f"ember dynamic / static time: geomean {geomean(list(ratios.values())):.3f} over {len(ratios)} "
+            f"workloads, worst {ratios[worst]:.3f} ({worst})")  # fmt: skip
+
+
 def report(results: list[ModelResult], compilers: list[str], statistic: str) -> str:
     out = [f"times: {statistic} of the timing samples", format_table(table_rows(results, compilers)), ""]
     for compiler in compilers:
@@ -619,6 +651,8 @@ def report(results: list[ModelResult], compilers: list[str], statistic: str) -> 
             text = "-" if mean is None else f"{mean:.2f}x over {len(values)} workloads"
             out.append(f"geomean speedup over eager, {compiler}: {text}")
     out.append("(* = ember ran some graphs eagerly; the geomean counts only correct, fully compiled workloads)")
+    if "ember_dynamic" in compilers:
+        out.append(dynamic_ratio_line(results))
     out.append(total_compile_line(results, [c for c in compilers if c != "eager"]))
     out += ["", f"bandwidth (bytes a fused kernel must move / {statistic} time):", *bandwidth_lines(results)]
     out += ["", "details:", *details(results)]
@@ -702,7 +736,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="default: benchmarks/suite.py; real: real models, real sizes (benchmarks/real_models.py)",
     )
     parser.add_argument("--models", help="comma-separated workloads (default: all of the suite)")
-    parser.add_argument("--compilers", default=",".join(COMPILERS), help="among eager,inductor,ember")
+    parser.add_argument("--compilers", default=",".join(DEFAULT_COMPILERS),
+                        help="among eager,inductor,ember,ember_dynamic (ember with dynamic=True)")  # fmt: skip
     parser.add_argument("--repeat", type=int, default=30, help="timing rounds (at most)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls of each compiler before timing")
     parser.add_argument("--budget", type=float, default=30.0, help="seconds of timing per workload, at least")

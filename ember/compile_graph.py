@@ -42,23 +42,25 @@ from ember.runtime.search import machine_identity
 from ember.schedule import KernelStep, schedule
 from ember.schedule.host_scalars import scalar_inputs
 from ember.schedule.nodes import mutated_buffers
+from ember.size_guards import SizeGuards
 from ember.uop.variables import size_hint
 from ember.wrapper.python import WrapperSource, generate_wrapper, load_wrapper
 from ember.wrapper.verify import VerifiedGraph
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, role: str = "graph") -> Callable:
-    """`role` (forward, backward, inference) names the graph in debug dumps."""
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, role: str = "graph",
+                  guards: SizeGuards | None = None) -> Callable:  # fmt: skip
+    """`role` (forward, backward, inference) names the graph in debug dumps. `guards`: a symbolic
+    compile's, stored with the graph and re-asserted when it is loaded (Note: guards a compile adds)."""
     progress = CompileProgress()
     try:
-        return _compile_graph(gm, example_inputs, config, StageTimes(progress), role)
+        return _compile_graph(gm, example_inputs, config, StageTimes(progress), role, guards)
     finally:
         progress.finish()
 
 
-def _compile_graph(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, timings: StageTimes, role: str
-) -> Callable:
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, timings: StageTimes,
+                   role: str, guards: SizeGuards | None) -> Callable:  # fmt: skip
     cache_dir = open_root(config.cache_dir)  # refuses a folder others could put code in (Note: cache safety)
     received = gm.print_readable(print_output=False) if config.debug else ""
     versions = graph_identity(kernel_identity(config.cxx))
@@ -81,12 +83,12 @@ def _compile_graph(
     original = gm  # the passes work on a copy: verify checks against the graph as received
     key, call = None, None
     if not hooks:
-        key, call = _key_and_cached(gm, example_inputs, config, versions, use_cache, timings)
+        key, call = _key_and_cached(gm, example_inputs, config, versions, use_cache, timings, guards)
     if call is None:
         with stage("passes", timings):
             gm, rewrites = run_passes(gm, config)
         if hooks:
-            key, call = _key_and_cached(gm, example_inputs, config, versions, use_cache, timings)
+            key, call = _key_and_cached(gm, example_inputs, config, versions, use_cache, timings, guards)
     assert key is not None
     debug = DebugDump(config.debug, config.debug_dir, key, role)
     record = new_graph_record(role, key)  # Note: report records (debug/record.py); None without a report
@@ -97,7 +99,9 @@ def _compile_graph(
         call, source, objects, summary = _compile_stages(gm, example_inputs, config, debug, timings, original, record,
                                                          donated)  # fmt: skip
         summary.pass_rewrites = dict(rewrites)
-        if config.graph_cache and not config.verify and record is None:  # off means neither loaded nor written
+        summary.size_guards = guards.encoded() if guards is not None else []
+        # off means neither loaded nor written; a guard the cache cannot hold keeps the graph out of it
+        if config.graph_cache and not config.verify and record is None and summary.size_guards is not None:
             with stage("graph_cache_store", timings):
                 graph_cache.store(cache_dir, key, source, objects, summary)
     else:
@@ -136,13 +140,14 @@ def visible_outputs(role: str) -> int | None:
     return found if isinstance(found, int) else None
 
 
-def _key_and_cached(gm, example_inputs, config: Config, versions: str, use_cache: bool, timings: dict) -> tuple:
+def _key_and_cached(gm, example_inputs, config: Config, versions: str, use_cache: bool, timings: dict,
+                    guards: SizeGuards | None) -> tuple:  # fmt: skip
     with stage("graph_key", timings):
         key = graph_cache.graph_key(gm, example_inputs, config.cache_key(), versions)
     if not use_cache:
         return key, None
     with stage("graph_cache_load", timings):
-        return key, _load_cached(gm, key, config)
+        return key, _load_cached(gm, key, config, guards)
 
 
 def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugDump, timings: dict,
@@ -247,16 +252,19 @@ def donated_inputs(gm: torch.fx.GraphModule, config: Config) -> tuple[str, ...]:
     return tuple(gm.meta.get(DONATED_INPUTS, ()))
 
 
-def _load_cached(gm: torch.fx.GraphModule, key: str, config: Config) -> Callable | None:
+def _load_cached(gm: torch.fx.GraphModule, key: str, config: Config, guards: SizeGuards | None) -> Callable | None:
     """The graph of `key` from the cache, or None. Any failure while loading it (a damaged or
     foreign entry, a kernel that is gone or fails its checksum) discards the entry and the
-    graph is compiled again (Note: cache safety)."""
+    graph is compiled again (Note: cache safety). A graph compiled under guards on its sizes is
+    served only where they hold, and they are then asserted here (Note: guards a compile adds)."""
     cache_dir = Path(config.cache_dir)
     try:
         entry = graph_cache.load(cache_dir, key)
         if entry is None:
             return None
         source, objects, summary = entry
+        if summary.size_guards and (guards is None or not guards.reassert(summary.size_guards)):
+            return None  # compiled again; the store replaces the entry
         call, path = load_wrapper(WrapperSource(source, objects), graph_cache.graph_constants(gm), cache_dir)
     except CacheDirectoryError:
         raise

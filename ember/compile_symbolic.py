@@ -3,7 +3,8 @@
 Takes the aten graph torch.compile gives with SymInt sizes and its example inputs; gives a
 callable that serves every shape the graph's guards admit. The graph goes through
 `compile_graph` like any other, with the sizes left symbolic, while the shape environment
-refuses new guards: any stage that needs a concrete size raises there. A graph that cannot be
+admits only guards that dynamo will check and that do not fix a size (Note: guards a compile
+adds, size_guards.py): any stage that needs a concrete size raises there. A graph that cannot be
 compiled so (a stage or an op that needs a concrete size, CUDA graphs, a data-dependent size)
 is compiled per concrete shape instead (shape_specialization.py); the reason is counted in
 `metrics.symbolic_fallbacks`, logged, and under EMBER_DEBUG written to symbolic_fallbacks.txt.
@@ -11,9 +12,8 @@ is compiled per concrete shape instead (shape_specialization.py); the reason is 
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,49 +23,26 @@ from ember.compile_graph import compile_graph
 from ember.config import Config
 from ember.debug.progress import logger
 from ember.metrics import metrics
+from ember.size_guards import REFUSED, guarding
 
 
 def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, role: str) -> Callable | str:
-    """The graph compiled once with symbolic sizes, or the reason it cannot be."""
+    """The graph compiled once with symbolic sizes, or the reason it cannot be. A forward or an
+    inference graph may add guards that dynamo then checks (Note: guards a compile adds)."""
     refusal = _refusal(example_inputs, config)
     if refusal is not None:
         return refusal
     shape_env = _shape_env(example_inputs)
     try:
-        with refusing_new_guards(shape_env):
-            call = compile_graph(gm, example_inputs, config, role)
+        with guarding(shape_env, admit=role in ("forward", "inference")) as guards:
+            call = compile_graph(gm, example_inputs, config, role, guards)
     except Exception as e:  # noqa: BLE001 - any failure means the per-shape path compiles it, correctly
         logger.debug("symbolic compile failed", exc_info=True)
         return _reason(e)
     metrics.add(symbolic_graphs=1)
+    if guards.admitted:
+        metrics.tally("size_guards", {str(g): 1 for g in guards.admitted})
     return call
-
-
-class NewGuardRefused(RuntimeError):
-    """A stage asked torch's shape environment for a guard while it was refusing new ones."""
-
-
-@contextlib.contextmanager
-def refusing_new_guards(shape_env: Any) -> Iterator[None]:
-    """Any new guard on the symbolic sizes raises while the graph compiles. torch 2.13 has this
-    (`ShapeEnv.error_on_new_guards`); torch 2.11 only warns when a frozen environment is asked
-    for a guard, in `_check_frozen`, so there the environment is frozen and that check made to
-    raise, for this environment only and only meanwhile."""
-    if hasattr(shape_env, "error_on_new_guards"):
-        with shape_env.error_on_new_guards():
-            yield
-        return
-
-    def refuse(expr: Any, concrete_val: Any) -> None:
-        raise NewGuardRefused(f"Guard attempted while ShapeEnv guards are frozen: {expr} == {concrete_val}")
-
-    was_frozen = shape_env.frozen
-    shape_env.frozen, shape_env._check_frozen = True, refuse
-    try:
-        yield
-    finally:
-        shape_env.frozen = was_frozen
-        del shape_env._check_frozen
 
 
 def record_fallback(reason: str, role: str, config: Config) -> None:
@@ -103,7 +80,7 @@ def _shape_env(example_inputs: list[Any]) -> Any:
 def _reason(error: Exception) -> str:
     """A short, stable description of why a symbolic compile failed (a metrics key)."""
     text = str(error)
-    if "Guard attempted while ShapeEnv guards are frozen" in text:
+    if REFUSED in text:
         guard = re.search(r"frozen: (.*?)(?: == (?:True|False))?$", text.splitlines()[0])
         return f"needs a concrete size: {guard.group(1) if guard else text.splitlines()[0]}"
     first = text.splitlines()[0] if text else type(error).__name__

@@ -78,6 +78,8 @@ class Metrics:
     symbolic_graphs: int = 0  # graphs with dynamic shapes compiled once (compile_symbolic.py)
     # graphs with dynamic shapes compiled per shape instead, by the reason the symbolic compile refused
     symbolic_fallbacks: Counter = field(default_factory=Counter)
+    # guards on sizes that symbolic compiles added for dynamo to check, by guard (size_guards.py)
+    size_guards: Counter = field(default_factory=Counter)
     verify_checks: int = 0  # EMBER_VERIFY: buffers compared with float64 eager (wrapper/verify.py)
     verify_mismatches: int = 0  # EMBER_VERIFY: calls in which a step differed
     cuda_graphs_recorded: int = 0  # config.cuda_graphs: recordings made (runtime/cuda_graphs.py)

@@ -195,18 +195,7 @@ def test_linear_by_size_is_the_onednn_linear(attr, path, monkeypatch):
         assert got.is_contiguous()
 
 
-@pytest.fixture(params=["torch", "emulated"])
-def guard_refusal(request, monkeypatch):
-    """Runs a test with torch's own refusal of new guards (torch 2.13) and with ember's for a
-    torch without it (2.11: compile_symbolic.refusing_new_guards)."""
-    if request.param == "emulated":
-        from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-        monkeypatch.delattr(ShapeEnv, "error_on_new_guards", raising=False)
-    return request.param
-
-
-def test_pointwise_and_reductions_over_every_dim(guard_refusal):
+def test_pointwise_and_reductions_over_every_dim():
     def f(x, y):
         z = torch.softmax(x * 2 + y, dim=-1)
         mean, var = torch.var_mean(z, dim=0)
@@ -424,7 +413,7 @@ def test_a_refused_graph_is_compiled_per_shape_with_its_reason(monkeypatch):
     assert ember.metrics.shape_specializations == 2
 
 
-def test_a_size_decision_refuses_instead_of_guarding(guard_refusal):
+def test_a_size_decision_refuses_instead_of_guarding():
     """A graph whose lowering needs a concrete size (here: a reshape to a size only the
     data's shape tells) never guards on it silently: the symbolic compile either serves every
     shape or is refused with a reason, and every output is right."""
@@ -620,17 +609,17 @@ def test_the_reason_is_in_the_debug_folder(tmp_path, monkeypatch):
     assert "verify compares static layouts" in (tmp_path / "symbolic_fallbacks.txt").read_text()
 
 
-def test_a_new_guard_raises_while_refused(guard_refusal):
+def test_a_new_guard_raises_while_refused():
     """What makes a symbolic compile safe: a stage that branches on a symbolic size raises
     instead of adding a guard that the compiled graph would not check."""
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-    from ember.compile_symbolic import refusing_new_guards
+    from ember.size_guards import guarding
 
     shape_env = ShapeEnv()
     n = shape_env.create_unspecified_symint_and_symbol(7, ConstantSource("n"), DimDynamic.DYNAMIC)
-    with refusing_new_guards(shape_env), pytest.raises(Exception, match="Guard attempted"):
+    with guarding(shape_env, admit=False), pytest.raises(Exception, match="Guard attempted"):
         bool(n > 5)
     assert bool(n > 5)  # afterwards the environment guards again
     assert not shape_env.frozen

@@ -138,10 +138,10 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, env: dict) -> Any:
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
     if node.target is operator.getitem:
         return args[0][args[1]]
-    if isinstance(node.meta.get("val"), torch.SymInt):  # a size computed from sizes: its expression is the value
+    if isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat)):  # of sizes: its expression is the value
         return node.meta["val"]
-    if isinstance(node.meta.get("val"), (torch.SymFloat, torch.SymBool)):  # no kernel or wrapper form for these
-        raise EmberError("lower", "a symbolic float or bool computed from sizes is not supported", node.name)
+    if isinstance(node.meta.get("val"), torch.SymBool):  # no kernel or wrapper form for these
+        raise EmberError("lower", "a symbolic bool computed from sizes is not supported", node.name)
     if node.target in SIZE_ASSERTS:  # what dynamo's guards already check at every call
         return None
     lowering = lookup(node.target)

@@ -13,11 +13,12 @@ Note: symbolic sizes
     variable from the inputs' sizes at the start of `call` and evaluates every allocation's
     size, every view and every extern's size argument from them.
 
-    Nothing assumes a size silently: the whole compile runs with the shape environment refusing
-    new guards, so any decision that needs a concrete value (a comparison the bounds do not
-    settle, an int() of a size) raises there, and the graph falls back to per-shape
-    specialization with that reason (shape_specialization.py). A decision made on a UOp size
-    either reads its bounds or refuses with `SymbolicSizeError`.
+    Nothing assumes a size silently: every guard the compile asks of the shape environment is
+    either one dynamo will check (a relation that does not fix a size, asked while a forward
+    compiles: Note: guards a compile adds, size_guards.py) or refused, so a decision that needs a
+    concrete value (an int() of a size, any guard in a backward) raises there, and the graph falls
+    back to per-shape specialization with that reason (shape_specialization.py). A decision made
+    on a UOp size either reads its bounds or refuses with `SymbolicSizeError`.
 """
 
 from __future__ import annotations
@@ -60,6 +61,16 @@ def symbolic_size(value: Any) -> UOp | None:
     from ember.uop.symbolic import simplify
 
     return simplify(sympy_to_uop(value.node.expr, value.node.shape_env))  # constants to the right, as rules expect
+
+
+def symbolic_scalar(value: Any) -> UOp | None:
+    """A torch SymFloat computed from sizes (BatchNorm's n / (n - 1) under dynamic shapes) as a
+    float64 UOp over DEFINE_VARs; None when `value` is no SymFloat."""
+    import torch
+
+    if not isinstance(value, torch.SymFloat):
+        return None
+    return sympy_to_float_uop(value.node.expr, value.node.shape_env)
 
 
 def index_size(value: Any) -> int | UOp:
@@ -128,6 +139,27 @@ def sympy_to_uop(expr: Any, shape_env: Any) -> UOp:
     raise SymbolicSizeError(f"size expression {expr} ({type(expr).__name__}) has no index form")
 
 
+def sympy_to_float_uop(expr: Any, shape_env: Any) -> UOp:
+    """A float sympy expression of sizes (torch's IntTrueDiv, FloatTrueDiv, ToFloat over integer
+    expressions) as a float64 UOp, computed as Python computes it; or SymbolicSizeError."""
+    import sympy
+    from torch.utils._sympy.functions import FloatTrueDiv, IntTrueDiv, ToFloat
+
+    if isinstance(expr, sympy.Number):
+        return UOp.const(dtypes.float64, float(expr))
+    if expr.is_integer or isinstance(expr, ToFloat):
+        return sympy_to_uop(expr.args[0] if isinstance(expr, ToFloat) else expr, shape_env).cast(dtypes.float64)
+    if isinstance(expr, (IntTrueDiv, FloatTrueDiv)):
+        return sympy_to_float_uop(expr.args[0], shape_env).alu(Ops.FDIV, sympy_to_float_uop(expr.args[1], shape_env))
+    if isinstance(expr, (sympy.Add, sympy.Mul)):
+        args = [sympy_to_float_uop(a, shape_env) for a in expr.args]
+        return _fold(args, (lambda a, b: a + b) if isinstance(expr, sympy.Add) else (lambda a, b: a * b))
+    if isinstance(expr, sympy.Pow) and isinstance(expr.exp, sympy.Integer) and int(expr.exp) != 0:
+        power = _fold([sympy_to_float_uop(expr.base, shape_env)] * abs(int(expr.exp)), lambda a, b: a * b)
+        return power if int(expr.exp) > 0 else UOp.const(dtypes.float64, 1.0).alu(Ops.FDIV, power)
+    raise SymbolicSizeError(f"float expression {expr} ({type(expr).__name__}) of sizes has no kernel form")
+
+
 def _fold(args: list[UOp], combine) -> UOp:
     result = args[0]
     for a in args[1:]:
@@ -165,6 +197,7 @@ class SizeSpelling:
     extreme: Callable[[str, str, str], str]  # ("max" | "min", a, b) -> source
     negates: bool  # NEG has a spelling
     error: type[Exception]  # raised for an expression with no spelling
+    float_cast: str | None = None  # how a size becomes a float64 (a SymFloat's expression), if it can
 
 
 def spell_size(u: UOp, spelling: SizeSpelling) -> str:
@@ -179,12 +212,14 @@ def spell_size(u: UOp, spelling: SizeSpelling) -> str:
         return spelling.extreme(u.op.name.lower(), spell_size(u.src[0], spelling), spell_size(u.src[1], spelling))
     if u.op is Ops.NEG and spelling.negates:
         return f"(-{spell_size(u.src[0], spelling)})"
+    if u.op is Ops.CAST and u.dtype == dtypes.float64 and spelling.float_cast is not None:
+        return f"{spelling.float_cast}({spell_size(u.src[0], spelling)})"
     raise spelling.error(f"size expression {u} has no {spelling.language} form")
 
 
 PYTHON_SIZES = SizeSpelling(
-    "Python", {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%"},
-    lambda op, a, b: f"{op}({a}, {b})", negates=True, error=SymbolicSizeError,
+    "Python", {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.FDIV: "/"},
+    lambda op, a, b: f"{op}({a}, {b})", negates=True, error=SymbolicSizeError, float_cast="float",
 )  # fmt: skip
 
 
@@ -201,7 +236,7 @@ def size_source(value: Any) -> str:
         return f"({items}{',' if len(value) == 1 else ''})" if isinstance(value, tuple) else f"[{items}]"
     if isinstance(value, UOp):
         return python_source(value)
-    size = symbolic_size(value)
+    size = symbolic_size(value) or symbolic_scalar(value)
     return python_source(size) if size is not None else repr(value)
 
 

@@ -325,10 +325,10 @@ def _literal(value: Any, objects: list, inner: Callable[[Any], str] | None = Non
         return value.name
     if value is None or isinstance(value, (bool, int, str)):
         return repr(value)
-    if isinstance(value, torch.SymInt):  # evaluated from the call's size variables (Note: symbolic sizes)
+    if isinstance(value, (torch.SymInt, torch.SymFloat)):  # from the call's size variables (Note: symbolic sizes)
         return size_source(value)
-    if isinstance(value, (torch.SymFloat, torch.SymBool)):  # never the example's value, silently
-        raise SymbolicSizeError(f"a symbolic {type(value).__name__} has no wrapper form")
+    if isinstance(value, torch.SymBool):  # never the example's value, silently
+        raise SymbolicSizeError("a symbolic bool has no wrapper form")
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else f"float({str(value)!r})"
     if isinstance(value, (list, tuple)):
