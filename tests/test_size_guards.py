@@ -72,11 +72,12 @@ def test_a_conv_net_compiles_once_over_image_sizes():
     """Channels-last convolutions (passes/layout.py) make torch's fake convolution ask whether a
     pooled image is more than one pixel high, `(s - 1)//2 + 1 > 1`: the forward compile adds that
     guard for dynamo, instead of compiling per image size. An image that breaks it (2 x 2)
-    compiles a second symbolic graph, for every image that small."""
+    compiles a second symbolic graph, for every image that small. (The sizes are even: torch 2.11's
+    max pool guards on the size's parity while dynamo traces, with any backend.)"""
     model = conv_net().eval()
     compiled = torch.compile(model, backend="ember", dynamic=True)
     with torch.no_grad():
-        for batch, size in [(2, 24), (2, 40), (3, 64), (2, 33)]:
+        for batch, size in [(2, 24), (2, 40), (3, 64), (2, 34)]:
             _check(compiled, model, torch.randn(batch, 3, size, size))
         assert_compiled_once()
         assert ember.metrics.size_guards
@@ -90,7 +91,7 @@ def test_a_conv_net_trains_over_image_sizes():
     it from the size variables. Forward and backward compile once."""
     model = conv_net().train()
     compiled = torch.compile(model, backend="ember", dynamic=True)
-    for batch, size in [(2, 24), (2, 40), (3, 17)]:
+    for batch, size in [(2, 24), (2, 40), (3, 18)]:
         _check(compiled, model, torch.randn(batch, 3, size, size), training=True, atol=1e-3)
     assert_compiled_once(graphs=2)
 

@@ -9,7 +9,7 @@ import torch
 
 import ember
 from ember.uop.dtypes import dtypes
-from ember.uop.ops import Ops, RangeKind, UOp, substitute
+from ember.uop.ops import BufferArg, Ops, RangeKind, UOp, substitute
 from ember.uop.symbolic import simplify
 from ember.uop.variables import variable
 
@@ -642,3 +642,27 @@ def test_the_size_cap_of_32_bit_indexes_is_the_largest_that_fits():
     # a size that no cap bounds (an index past int32 at the smallest sizes): none
     huge = UOp(Ops.SINK, dtypes.void, (s0 * (2**31),))
     assert narrow_size_cap(huge, KernelShape((), (), (), s0, 0), BlockLimits()) == 0
+
+
+def test_a_pooling_window_over_symbolic_channels_last_walks_the_channels_innermost():
+    """A max pool of NHWC activations with a symbolic image size: the output's strides are
+    ((s + 3)//4)**2 * 32, (s + 3)//4 * 32, 32 and 1. Loop order ranks them as sizes grow, so the
+    channels are innermost and the window keeps one accumulator per channel (Note: lane
+    accumulators), as in the static kernel; ranked at the smallest size all but the channels'
+    tied at 32, and the channels ended outside the image's rows (9x slower on a ResNet stem)."""
+    from ember.codegen.phases import full_rewrite
+
+    s = variable("s", 2, 2**20)
+    side = (s + 3) // 4
+    n, c, h, w = (UOp.range(size, i) for i, size in enumerate((4, 32, side, side)))
+    k = UOp.range(3, 4, RangeKind.REDUCE)
+    x = UOp(Ops.BUFFER, dtypes.float32, (), BufferArg("p1", 1 << 20))
+    out = UOp(Ops.BUFFER, dtypes.float32, (), BufferArg("p0", 1 << 20))
+    thirty_two = UOp.const(dtypes.index, 32)
+    read = n * side * side * thirty_two * 4 + h * side * thirty_two * 4 + (w * 2 + k) * thirty_two + c
+    load = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, dtypes.float32, (x, read)),))
+    written = n * side * side * thirty_two + h * side * thirty_two + w * thirty_two + c
+    store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, dtypes.float32, (out, written)),
+                                         UOp(Ops.REDUCE, dtypes.float32, (load, k), Ops.MAX)))  # fmt: skip
+    (acc,) = [u for u in full_rewrite(UOp(Ops.SINK, dtypes.void, (store,))).toposort if u.op is Ops.DEFINE_ACC]
+    assert acc.arg.lanes == 32

@@ -45,7 +45,7 @@ from ember.uop.ops import (
 )
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite, rewrite_each_once
 from ember.uop.spec import Stage, verify
-from ember.uop.symbolic import linear_terms, pm_recombine, pm_symbolic
+from ember.uop.symbolic import linear_terms, pm_recombine, pm_symbolic, simplify
 from ember.uop.symbolic_division import factors
 
 
@@ -199,30 +199,46 @@ def order_loops(sink: UOp) -> UOp:
     loops = [u for u in sink.toposort if u.op is Ops.RANGE and not u.arg.reduce]
     if len(loops) < 2 or not _loops_may_move(sink.toposort, set(loops)):
         return sink
-    stride = {r: 0 for r in loops}
+    # symbolic strides are ranked at small sizes first, then at large ones: (s + 3)//4 * 32 ties
+    # with a static 32 where s is 2, and is larger for every image bigger than that
+    stride = {r: [0, 0] for r in loops}
     for store in (s for s in sink.src if s.op is Ops.STORE):
-        for r, coefficient in _coefficients(store.src[0].src[1]).items():
-            if r in stride:
-                stride[r] = max(stride[r], abs(coefficient))
-    order = sorted(loops, key=lambda r: (-stride[r], r.arg.nesting))
+        for i, at in enumerate((SMALL_SIZE, LARGE_SIZE)):
+            for r, coefficient in _coefficients(store.src[0].src[1], at).items():
+                if r in stride:
+                    stride[r][i] = max(stride[r][i], abs(coefficient))
+    order = sorted(loops, key=lambda r: (-stride[r][0], -stride[r][1], r.arg.nesting))
     if order == sorted(loops, key=lambda r: r.arg.nesting):
         return sink
     renumbered = {r: UOp(Ops.RANGE, r.dtype, r.src, RangeArg(RangeKind.LOOP, i)) for i, r in enumerate(order)}
     return substitute(sink, renumbered)
 
 
-def symbolic_stride(term: UOp) -> tuple[UOp, int] | None:
-    """(r, an estimate of its stride) for a term r * (a product of size variables and constants):
-    each variable counted at its lower bound, and at least 2, so a stride with more variables
+SMALL_SIZE, LARGE_SIZE = 2, 1024  # where symbolic strides are estimated (Note: symbolic sizes)
+
+
+def symbolic_stride(term: UOp, at: int = SMALL_SIZE) -> tuple[UOp, int] | None:
+    """(r, an estimate of its stride) for a term r * (size expressions and constants): each
+    variable counted at its lower bound, and at least `at`, so a stride with more variables
     ranks larger, as it is for any sizes above 1 (Note: symbolic sizes)."""
     constant, found = factors(term)
     loops = [u for u in found if u.op is Ops.RANGE]
-    if len(loops) != 1 or found[loops[0]] != 1 or any(u.op is not Ops.DEFINE_VAR for u in found if u is not loops[0]):
+    if len(loops) != 1 or found[loops[0]] != 1:
         return None
     estimate = constant
     for u, n in found.items():
-        if u is not loops[0]:
-            estimate *= max(u.arg.vmin, 2) ** n
+        if u is loops[0]:
+            continue
+        if u.op is not Ops.DEFINE_VAR:  # a size expression: (s + 3) // 4
+            if any(v.op is Ops.RANGE for v in u.toposort):
+                return None
+            values = {v: UOp.const(dtypes.index, max(v.arg.vmin, at)) for v in u.toposort if v.op is Ops.DEFINE_VAR}
+            folded = simplify(substitute(u, values))
+            if folded.op is not Ops.CONST:
+                return None
+            estimate *= folded.arg**n
+        else:
+            estimate *= max(u.arg.vmin, at) ** n
     return loops[0], estimate
 
 
@@ -240,14 +256,15 @@ def _loops_may_move(uops: Iterable[UOp], loops: set[UOp]) -> bool:
     return True
 
 
-def _coefficients(index: UOp) -> dict[UOp, int]:
-    """Multiplier of each RANGE in a sum of products (ranges elsewhere count as 1)."""
+def _coefficients(index: UOp, at: int = SMALL_SIZE) -> dict[UOp, int]:
+    """Multiplier of each RANGE in a sum of products (ranges elsewhere count as 1); a symbolic one
+    estimated with its size variables at `at` or more."""
     found: dict[UOp, int] = {}
     terms, _ = linear_terms(index)
     for term, k in terms:
         if term.op is Ops.RANGE:
             found[term] = found.get(term, 0) + k
-        elif (symbolic := symbolic_stride(term)) is not None:  # r * s0 * 128 (Note: symbolic sizes)
+        elif (symbolic := symbolic_stride(term, at)) is not None:  # r * s0 * 128 (Note: symbolic sizes)
             found[symbolic[0]] = found.get(symbolic[0], 0) + k * symbolic[1]
         else:
             for r in term.ranges:
