@@ -310,3 +310,36 @@ def test_weight_gradient_column_sums_split_at_the_default_threshold():
     grad[100, 7], x[1500, 300] = math.nan, math.inf
     check(lambda g, x, s: (g * (x * s)).sum(0), grad, x, scale, rtol=1e-4)
     assert ember.metrics.kernels_generated == 2
+
+
+def test_reductions_of_symbolic_extents_split():
+    """Note: split reductions of symbolic extents. A full sum, column sums and a mean over a symbolic
+    row count compile once, each as partials of a static number of chunks of a length computed from
+    the sizes, then their reduction; a small size leaves most chunks empty."""
+    from tests.helpers import to_test_device
+
+    def f(x):
+        return x.sum(), x.sum(0), (x * 2).mean(0, keepdim=True), x.amax()
+
+    compiled = torch.compile(f, backend="ember", dynamic=True)
+    torch.manual_seed(0)
+    for rows in (3, 40, 517):
+        x = torch.randn(rows, 6)
+        x[rows // 2, 1] = math.inf
+        got = compiled(to_test_device(x))
+        for g, want in zip(got, f(x.double())):
+            torch.testing.assert_close(g.cpu(), want.float(), rtol=1e-5, atol=1e-5)
+    assert ember.metrics.symbolic_graphs == 1 and ember.metrics.shape_specializations == 0
+    assert ember.metrics.kernels_generated == 5  # the partials (one read), then each output's final
+
+
+def test_one_pass_splits_of_symbolic_extents_stay_whole():
+    from tests.helpers import to_test_device
+
+    compiled = torch.compile(lambda x: (x.var(0), x.argmax()), backend="ember", dynamic=True)
+    for rows in (5, 77):
+        x = torch.randn(rows, 3)
+        got = compiled(to_test_device(x))
+        torch.testing.assert_close(got[0].cpu(), x.double().var(0).float(), rtol=1e-5, atol=1e-5)
+        assert got[1].item() == x.argmax().item()
+    assert ember.metrics.symbolic_graphs == 1 and ember.metrics.shape_specializations == 0

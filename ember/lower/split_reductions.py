@@ -107,6 +107,20 @@ class SplitPolicy:
         count = _ceil_div(extent, chunk)
         return (count, chunk) if count >= 2 else None
 
+    def symbolic_splits(self, outputs: int, extent: UOp, across: bool = False) -> tuple[int, int] | None:
+        """(number of chunks, what a chunk's length is a multiple of) for a reduced extent of
+        symbolic size (Note: split reductions of symbolic extents), or None to keep it whole."""
+        if self.min_extent <= 0 or outputs == 0 or extent.vmax < self.min_extent:
+            return None
+        if across and outputs < self.wide_outputs:
+            align = 64
+        elif outputs < self.max_outputs:
+            align = min(1024, 1 << (max(self.min_extent // 16, 1).bit_length() - 1))
+        else:
+            return None
+        count = _ceil_div(self.target_programs, _ceil_div(outputs, self.outputs_per_program))
+        return (count, align) if count >= 2 else None
+
     def _across(self, outputs: int, extent: int) -> tuple[int, int] | None:
         programs = _ceil_div(outputs, self.outputs_per_program)
         count = min(_ceil_div(self.target_programs, programs), extent // self.across_chunk)
@@ -166,8 +180,8 @@ class Chunks:
     positions, for each position of the outer `axes` (of `sizes`) of the step's buffer."""
 
     count: int
-    length: int
-    extent: int
+    length: int | UOp  # UOps where the extent is symbolic (Note: split reductions of symbolic extents)
+    extent: int | UOp
     axes: tuple[int, ...]
     sizes: tuple[int, ...]
 
@@ -188,13 +202,18 @@ def _split_step(step: ComputedBuffer, ctx: LoweringContext, policy: SplitPolicy,
         current = substitute(red, replaced) if replaced else red
         axes = tuple(sorted({u.arg for u in current.toposort if u.op is Ops.AXIS}))
         sizes = tuple(shape[a] for a in axes)
-        if any(type(s) is not int for s in sizes) or any(r.src[0].op is not Ops.CONST for r in current.src[1:]):
-            continue  # a symbolic size (Note: symbolic sizes): the reduction stays whole, one pass per output
+        if any(type(s) is not int for s in sizes):
+            continue  # symbolic outputs (Note: symbolic sizes): as many as rows, they fill the GPU
         if (current, sizes) in done:  # (checked after: a SymInt has no hash)
             replaced[red] = done[current, sizes]
             continue
-        extent = math.prod(r.src[0].arg for r in current.src[1:])
         one_pass = (red in variances and variances[red] not in replaced) or red in first_hits
+        if any(r.src[0].op is not Ops.CONST for r in current.src[1:]):
+            if not one_pass and (chunks := _symbolic_chunks(current, axes, sizes, policy)) is not None:
+                replaced[red] = _reduce_partials(current, _partials(current, chunks, ctx, partials), chunks, ctx)
+                done[current, sizes] = replaced[red]
+            continue
+        extent = math.prod(r.src[0].arg for r in current.src[1:])
         split = policy.splits(math.prod(sizes), extent, policy.one_pass_chunk if one_pass else None,
                               across=reads_across(current))  # fmt: skip
         if split is None or (_reads_own_ranges(current) and red not in first_hits):
@@ -215,6 +234,27 @@ def _split_step(step: ComputedBuffer, ctx: LoweringContext, policy: SplitPolicy,
     return computed, ComputedBuffer(step.buffer, substitute(step.body, replaced), step.origins)
 
 
+def _symbolic_chunks(red: UOp, axes: tuple[int, ...], sizes: tuple[int, ...], policy: SplitPolicy) -> Chunks | None:
+    """Note: split reductions of symbolic extents
+    A reduction over a symbolic extent (x.sum() of every element of a (s, 768) tensor, the column
+    sums of (s, 16)) with few static outputs would run on one program per output whatever the
+    size: 35 ms for a 64 MB sum on an H200, against 0.5 for the static split. It splits into a
+    static number of chunks (as a static one of unbounded length would) whose length is a
+    multiple of `align` computed from the sizes, ceil(extent / (count * align)) * align: the
+    chunks past the end read nothing. One-pass splits (var, argmax) need a chunk a program holds,
+    which a symbolic length cannot promise: they stay whole."""
+    if _reads_own_ranges(red):
+        return None
+    extent = math.prod((r.src[0] for r in red.src[1:]), start=UOp.const(dtypes.index, 1))
+    split = policy.symbolic_splits(math.prod(sizes), simplify(extent), across=reads_across(red))
+    if split is None:
+        return None
+    count, align = split
+    span = UOp.const(dtypes.index, count * align)
+    length = simplify((extent + span - UOp.const(dtypes.index, 1)) // span * UOp.const(dtypes.index, align))
+    return Chunks(count, length, simplify(extent), axes, sizes)
+
+
 def _reads_own_ranges(red: UOp) -> bool:
     """A reduction inside this one's loop (none come from lowering today): left whole."""
     own = set(red.src[1:])
@@ -227,16 +267,16 @@ def _chunk_positions(red: UOp, chunks: Chunks, step: UOp) -> tuple[dict[UOp, UOp
     always)."""
     flat = axis(0) * chunks.length + step
     inside = None
-    if chunks.count * chunks.length != chunks.extent:
+    symbolic = isinstance(chunks.length, UOp)
+    if symbolic or chunks.count * chunks.length != chunks.extent:
         inside = flat.alu(Ops.CMPLT, UOp.const(dtypes.index, chunks.extent))
         flat = inside.where(flat, UOp.const(dtypes.index, 0))
     mapping = {axis(a): axis(i + 1) for i, a in enumerate(chunks.axes)}
-    stride = chunks.extent
-    for r in red.src[1:]:
-        size = r.src[0].arg
-        stride //= size
-        position = flat if stride == 1 else flat // stride
-        mapping[r] = position if stride * size == chunks.extent else position % size
+    sizes = [r.src[0] for r in red.src[1:]]
+    for i, r in enumerate(red.src[1:]):
+        stride = simplify(math.prod(sizes[i + 1 :], start=UOp.const(dtypes.index, 1)))  # row-major
+        position = flat if stride.op is Ops.CONST and stride.arg == 1 else flat // stride
+        mapping[r] = position if i == 0 else position % sizes[i]
     return mapping, inside
 
 
