@@ -53,7 +53,9 @@ class SizeGuards:
     def check(self, expr: sympy.Basic, concrete_val: sympy.Basic) -> None:
         """torch's `_check_frozen(expr, concrete_val)`, called before it records a guard."""
         guard = _as_guard(expr, concrete_val)
-        if not (self.admit and _narrows_without_fixing(guard, hints(self.shape_env))):
+        # a frozen environment: dynamo has built the frame's guards already, a new one would go unchecked
+        open_for_guards = self.admit and not self.shape_env.frozen
+        if not (open_for_guards and _narrows_without_fixing(guard, hints(self.shape_env))):
             raise NewGuardRefused(f"{REFUSED}: {expr} == {concrete_val}")
         self.admitted.append(guard)
 
@@ -69,7 +71,7 @@ class SizeGuards:
         """Guards a cached graph was compiled under, asserted on this compile's shape environment
         (so that dynamo checks them); False, asserting none, where the example breaks one or one
         names a symbol this environment lacks."""
-        if encoded and not self.admit:
+        if encoded and (not self.admit or self.shape_env.frozen):
             return False
         values = hints(self.shape_env)
         symbols = {str(s): s for s in values}

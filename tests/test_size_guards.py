@@ -137,3 +137,17 @@ def test_a_cached_graph_is_not_served_where_its_guards_break():
         assert not shape_env.guards  # nothing asserted by a refused entry
         assert guards.reassert([encode(n.node.expr > 5)])
     assert [str(g.expr) for g in shape_env.guards] == [str(n.node.expr > 5)]
+
+
+def test_a_frozen_environment_admits_nothing():
+    """Once dynamo has built a frame's guards it freezes the shape environment: a guard added then
+    would never be checked, so even a forward compile refuses it."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    shape_env = ShapeEnv()
+    n = _size(shape_env, 7, "n")
+    shape_env.freeze()
+    with guarding(shape_env, admit=True) as guards:
+        with pytest.raises(Exception, match="Guard attempted"):
+            bool(n > 5)
+        assert not guards.reassert([encode(n.node.expr > 5)])
