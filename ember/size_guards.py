@@ -30,6 +30,8 @@ Note: guards a compile adds
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -89,13 +91,29 @@ class SizeGuards:
 @contextlib.contextmanager
 def guarding(shape_env: Any, admit: bool) -> Iterator[SizeGuards]:
     """While the body runs, every new guard on `shape_env` goes through a `SizeGuards` check
-    (Note: guards a compile adds). `_check_frozen` exists in torch 2.11 through 2.13."""
+    (Note: guards a compile adds). `_check_frozen` exists in torch 2.11 through 2.14."""
     guards = SizeGuards(shape_env, admit)
     shape_env._check_frozen = guards.check
+    _compiling.depth = getattr(_compiling, "depth", 0) + 1
     try:
         yield guards
     finally:
+        _compiling.depth -= 1
         del shape_env._check_frozen  # the class's own check again
+
+
+class _QuietRefusals(logging.Filter):
+    """torch logs a warning for any exception raised inside `evaluate_expr`, a refusal included;
+    a refused guard is ember's decision, reported as the graph's reason to compile per shape
+    (compile_symbolic.py: metrics, ember's log), not a failure to show the user. Only records of
+    the thread that is compiling are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (getattr(_compiling, "depth", 0) and str(record.msg).startswith("failed during evaluate_expr"))
+
+
+_compiling = threading.local()
+logging.getLogger("torch.fx.experimental.symbolic_shapes").addFilter(_QuietRefusals())
 
 
 def _as_guard(expr: sympy.Basic, concrete_val: sympy.Basic) -> sympy.Basic:

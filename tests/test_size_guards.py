@@ -151,3 +151,22 @@ def test_a_frozen_environment_admits_nothing():
         with pytest.raises(Exception, match="Guard attempted"):
             bool(n > 5)
         assert not guards.reassert([encode(n.node.expr > 5)])
+
+
+def test_a_refused_guard_is_not_a_torch_warning(caplog):
+    """A refusal is ember's decision, counted as the reason to compile per shape: torch's "failed
+    during evaluate_expr" warning for it is dropped, on the compiling thread only."""
+    import logging
+    import math
+
+    def f(x):
+        return x.new_ones(math.ceil(x.shape[0] / 32)) * 2  # Eq(ceil(n / 32), 1): a size fixed, refused
+
+    compiled = torch.compile(f, backend="ember", dynamic=True)
+    with caplog.at_level(logging.WARNING, logger="torch.fx.experimental.symbolic_shapes"):
+        for n in (7, 9):
+            torch.testing.assert_close(compiled(torch.randn(n)), f(torch.randn(n)))
+    assert ember.metrics.symbolic_fallbacks
+    assert not [r for r in caplog.records if "failed during evaluate_expr" in r.getMessage()]
+    logging.getLogger("torch.fx.experimental.symbolic_shapes").warning("failed during evaluate_expr(elsewhere)")
+    assert [r for r in caplog.records if "failed during evaluate_expr" in r.getMessage()]
