@@ -16,7 +16,8 @@ Note: guards a compile adds
       turning ember's compile per shape into a dynamo recompile per shape (a new trace each);
       a guard on an unbacked (data-dependent) symbol, which dynamo cannot check before a call.
     - A backward compiles lazily at its first call, after dynamo's guards are built and its shape
-      environment is frozen: nothing added then is checked, so a backward refuses all guards.
+      environment is frozen: nothing added then is checked, so a backward refuses all guards, as
+      does any compile that finds its environment frozen.
     - A compile that admits guards and then fails leaves them in the environment (torch has no
       undo): the per-shape graph that replaces it is then guarded by them too. Still correct;
       at worst a frame is compiled again where the per-shape path would not have needed it.
