@@ -666,4 +666,3 @@ def test_a_pooling_window_over_symbolic_channels_last_walks_the_channels_innermo
                                          UOp(Ops.REDUCE, dtypes.float32, (load, k), Ops.MAX)))  # fmt: skip
     (acc,) = [u for u in full_rewrite(UOp(Ops.SINK, dtypes.void, (store,))).toposort if u.op is Ops.DEFINE_ACC]
     assert acc.arg.lanes == 32
-
