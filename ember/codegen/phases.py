@@ -45,8 +45,9 @@ from ember.uop.ops import (
 )
 from ember.uop.pattern import PatternMatcher, UPat, graph_rewrite, rewrite_each_once
 from ember.uop.spec import Stage, verify
-from ember.uop.symbolic import linear_terms, pm_recombine, pm_symbolic, simplify
+from ember.uop.symbolic import linear_terms, pm_recombine, pm_symbolic
 from ember.uop.symbolic_division import factors
+from ember.uop.variables import UNBOUNDED, estimate
 
 
 @dataclass(frozen=True)
@@ -201,9 +202,10 @@ def order_loops(sink: UOp) -> UOp:
         return sink
     # symbolic strides are ranked at small sizes first, then at large ones: (s + 3)//4 * 32 ties
     # with a static 32 where s is 2, and is larger for every image bigger than that
+    sizes = (SMALL_SIZE, LARGE_SIZE) if any(u.op is Ops.DEFINE_VAR for u in sink.toposort) else (SMALL_SIZE,)
     stride = {r: [0, 0] for r in loops}
     for store in (s for s in sink.src if s.op is Ops.STORE):
-        for i, at in enumerate((SMALL_SIZE, LARGE_SIZE)):
+        for i, at in enumerate(sizes):
             for r, coefficient in _coefficients(store.src[0].src[1], at).items():
                 if r in stride:
                     stride[r][i] = max(stride[r][i], abs(coefficient))
@@ -225,21 +227,15 @@ def symbolic_stride(term: UOp, at: int = SMALL_SIZE) -> tuple[UOp, int] | None:
     loops = [u for u in found if u.op is Ops.RANGE]
     if len(loops) != 1 or found[loops[0]] != 1:
         return None
-    estimate = constant
+    stride = constant
     for u, n in found.items():
         if u is loops[0]:
             continue
-        if u.op is not Ops.DEFINE_VAR:  # a size expression: (s + 3) // 4
-            if any(v.op is Ops.RANGE for v in u.toposort):
-                return None
-            values = {v: UOp.const(dtypes.index, max(v.arg.vmin, at)) for v in u.toposort if v.op is Ops.DEFINE_VAR}
-            folded = simplify(substitute(u, values))
-            if folded.op is not Ops.CONST:
-                return None
-            estimate *= folded.arg**n
-        else:
-            estimate *= max(u.arg.vmin, at) ** n
-    return loops[0], estimate
+        value = estimate(u, at) if not any(v.op is Ops.RANGE for v in u.toposort) else UNBOUNDED
+        if value >= UNBOUNDED:  # another loop in the factor, or an expression that does not fold
+            return None
+        stride *= value**n
+    return loops[0], stride
 
 
 def _loops_may_move(uops: Iterable[UOp], loops: set[UOp]) -> bool:

@@ -245,14 +245,14 @@ def _symbolic_chunks(red: UOp, axes: tuple[int, ...], sizes: tuple[int, ...], po
     which a symbolic length cannot promise: they stay whole."""
     if _reads_own_ranges(red):
         return None
-    extent = math.prod((r.src[0] for r in red.src[1:]), start=UOp.const(dtypes.index, 1))
-    split = policy.symbolic_splits(math.prod(sizes), simplify(extent), across=reads_across(red))
+    extent = simplify(math.prod((r.src[0] for r in red.src[1:]), start=UOp.const(dtypes.index, 1)))
+    split = policy.symbolic_splits(math.prod(sizes), extent, across=reads_across(red))
     if split is None:
         return None
     count, align = split
     span = UOp.const(dtypes.index, count * align)
     length = simplify((extent + span - UOp.const(dtypes.index, 1)) // span * UOp.const(dtypes.index, align))
-    return Chunks(count, length, simplify(extent), axes, sizes)
+    return Chunks(count, length, extent, axes, sizes)
 
 
 def _reads_own_ranges(red: UOp) -> bool:

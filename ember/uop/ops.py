@@ -453,9 +453,9 @@ _NUMBERS = (int, float, bool)
 def _symbolic_size(value: Any) -> UOp | None:
     """torch's SymInt, or a SymFloat computed from sizes, as a UOp of size variables (Note:
     symbolic sizes); None for other values."""
-    from ember.uop.variables import symbolic_scalar, symbolic_size
+    from ember.uop.variables import symbolic_value
 
-    return symbolic_size(value) or symbolic_scalar(value)
+    return symbolic_value(value)
 
 
 def normalize_const(dtype: DType, value: Any) -> Any:

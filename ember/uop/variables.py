@@ -73,6 +73,12 @@ def symbolic_scalar(value: Any) -> UOp | None:
     return sympy_to_float_uop(value.node.expr, value.node.shape_env)
 
 
+def symbolic_value(value: Any) -> UOp | None:
+    """A SymInt as an index UOp, a SymFloat of sizes as a float64 one; None for other values."""
+    size = symbolic_size(value)
+    return size if size is not None else symbolic_scalar(value)
+
+
 def index_size(value: Any) -> int | UOp:
     """A size as kernels take it: an int, or a UOp of size variables when it is symbolic."""
     if type(value) is int:
@@ -92,7 +98,7 @@ def size_hint(value: Any) -> int:
     if isinstance(value, torch.SymInt):
         return int(value.node.hint) if value.node.hint is not None else UNBOUNDED
     if isinstance(value, UOp):  # a stride ember derived: each variable at its lower bound, at least 2
-        return _estimate(value)
+        return estimate(value)
     return int(value)
 
 
@@ -102,11 +108,15 @@ def known_size_hint(value: Any) -> int | None:
     return None if hint >= UNBOUNDED else hint
 
 
-def _estimate(u: UOp) -> int:
+def estimate(u: UOp, at: int = 2) -> int:
+    """A size expression's value with each variable at its lower bound, and at least `at`;
+    UNBOUNDED where it does not fold to a number."""
+    if u.op is Ops.DEFINE_VAR:
+        return max(u.arg.vmin, at)
     from ember.uop.ops import substitute
     from ember.uop.symbolic import simplify
 
-    values = {v: UOp.const(dtypes.index, max(v.arg.vmin, 2)) for v in variables_of(u)}
+    values = {v: UOp.const(dtypes.index, max(v.arg.vmin, at)) for v in variables_of(u)}
     folded = simplify(substitute(u, values))
     return folded.arg if folded.op is Ops.CONST else UNBOUNDED
 
@@ -236,7 +246,7 @@ def size_source(value: Any) -> str:
         return f"({items}{',' if len(value) == 1 else ''})" if isinstance(value, tuple) else f"[{items}]"
     if isinstance(value, UOp):
         return python_source(value)
-    size = symbolic_size(value) or symbolic_scalar(value)
+    size = symbolic_value(value)
     return python_source(size) if size is not None else repr(value)
 
 
