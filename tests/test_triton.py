@@ -416,3 +416,26 @@ def test_tuning_candidates_bound_what_a_first_call_compiles(monkeypatch):
         every = triton_runtime.candidates(variants, 1 << 16, 8192, False)
         assert len(every) > 2 and plan(8, variants) == every[:8]
         assert plan(2, variants) == every[:2] and plan(1, variants) == every[:1]
+
+
+def test_tuning_runs_candidates_on_copies_laid_out_as_the_outputs(monkeypatch):
+    """Candidates are timed on private copies of the buffers a kernel writes, with the same
+    strides: a kernel writing q of a fused projection (rows 3x its width apart) computes
+    addresses over the whole stride, so a dense copy (`clone()`) is a third of the memory it
+    writes, and timing wrote into other tensors (wrong GPT-2 gradients on an H100)."""
+    import triton.testing
+
+    module = type("StandInModule", (), {"_sha256": "0" * 64})
+    launcher = triton_runtime.TritonLauncher(module, "k", ["pointwise"], 1 << 16, 0, [0], interpret=False)
+    timed = []
+    monkeypatch.setattr(launcher, "trial", lambda config, args, target: lambda: timed.append(args))
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **_: fn() or 1.0)
+    fused = torch.randn(2, 8, 3 * 64)
+    q = fused[..., :64]  # written in place over its strided layout
+    source = torch.randn(2, 8, 64)
+    options = triton_runtime.candidates(["pointwise"], 1 << 16, 0, False)[:2]
+    assert launcher.benchmark(options, (q, source), ("cuda", 90, 32)) in options
+    for copy, untouched in timed:
+        assert copy.stride() == q.stride() and torch.equal(copy, q) and copy.data_ptr() != q.data_ptr()
+        assert copy.untyped_storage().nbytes() >= (fused.numel() - 2 * 64) * 4  # the addresses q's rows span
+        assert untouched is source

@@ -138,6 +138,8 @@ class LaunchConfig:
 # - each candidate is timed with Triton's do_bench (L2 flushed before each launch, median of
 #   the launches) for TUNING_REP_MS, after TUNING_WARMUP_MS, through the compiled kernel's
 #   direct launch: about 5 ms a candidate, not the 25 ms and binder launches of before.
+# Candidates run on the call's real inputs and on private copies of the buffers the kernel writes
+# (`scratch_copy`: same sizes and strides, so every address the kernel computes lies in the copy).
 TINY_KERNEL_ELEMENTS = 1 << 16
 POOL_WAIT_S = 300  # past this, a configuration the pool has not finished is compiled by the caller too
 TUNING_WARMUP_MS = 1
@@ -206,6 +208,17 @@ def _spread(found: list[LaunchConfig], most: int) -> list[LaunchConfig]:
         return found
     step = (len(found) - 1) / (most - 1)
     return [found[round(i * step)] for i in range(most)]
+
+
+def scratch_copy(buffer: Any) -> Any:
+    """A private copy of a buffer a kernel writes, for timing candidates on: the same sizes and
+    strides, so that every address the kernel computes from them lies in the copy. `clone()` is
+    not that: it makes a non-dense buffer (the q, k and v of a fused projection, strided over
+    its rows) contiguous, and so smaller than the addresses the kernel writes, which then land
+    in other tensors' memory."""
+    import torch
+
+    return torch.empty_strided(buffer.size(), buffer.stride(), dtype=buffer.dtype, device=buffer.device).copy_(buffer)
 
 
 def torch_cuda_current_device() -> int:
@@ -506,7 +519,7 @@ class TritonLauncher:
         few repetitions (Note: bounded tuning)."""
         from triton.testing import do_bench
 
-        trial = tuple(a.clone() if i in self.written else a for i, a in enumerate(args))
+        trial = tuple(scratch_copy(a) if i in self.written else a for i, a in enumerate(args))
         timings, failures = {}, []
         for config in options:
             try:
