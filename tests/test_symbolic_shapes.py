@@ -1,6 +1,7 @@
 """Graphs with dynamic shapes compiled once, their kernels taking sizes as arguments (Note: symbolic
 sizes, ember/uop/variables.py); what cannot be compiled so is compiled per shape, with a reason."""
 
+import math
 import os
 import random
 
@@ -666,3 +667,16 @@ def test_a_pooling_window_over_symbolic_channels_last_walks_the_channels_innermo
                                          UOp(Ops.REDUCE, dtypes.float32, (load, k), Ops.MAX)))  # fmt: skip
     (acc,) = [u for u in full_rewrite(UOp(Ops.SINK, dtypes.void, (store,))).toposort if u.op is Ops.DEFINE_ACC]
     assert acc.arg.lanes == 32
+
+
+def test_sizes_from_python_division_of_sizes():
+    """math.ceil(n / 32) and math.floor(n / 5) of a symbolic size are torch's CeilToInt and
+    FloorToInt of a true division (as an optimizer's foreach chunking, or efficient attention's
+    padded logsumexp, computes them): index sizes."""
+
+    def f(x):
+        n = x.shape[0]
+        return x.new_ones(math.ceil(n / 32)).cumsum(0), x[: n // 3 + math.floor(n / 5)] * 2
+
+    check_shapes(f, lambda n: [torch.randn(n)], [(40,), (65,), (129,)])
+    assert_compiled_once()

@@ -124,12 +124,27 @@ def estimate(u: UOp, at: int = 2) -> int:
 def sympy_to_uop(expr: Any, shape_env: Any) -> UOp:
     """An integer sympy expression of the shape environment as a UOp, or SymbolicSizeError."""
     import sympy
-    from torch.utils._sympy.functions import CleanDiv, FloorDiv, Max, Min, Mod, PythonMod
+    from torch.utils._sympy.functions import (
+        CeilToInt,
+        CleanDiv,
+        FloorDiv,
+        FloorToInt,
+        IntTrueDiv,
+        Max,
+        Min,
+        Mod,
+        PythonMod,
+    )
 
     if isinstance(expr, sympy.Integer):
         return UOp.const(dtypes.index, int(expr))
     if isinstance(expr, sympy.Symbol):
         return _symbol_variable(expr, shape_env)
+    if isinstance(expr, (FloorToInt, CeilToInt)) and isinstance(expr.args[0], IntTrueDiv):  # math.ceil(s / 32)
+        a, b = (sympy_to_uop(x, shape_env) for x in expr.args[0].args)
+        if a.vmin < 0 or b.vmin < 1:
+            raise SymbolicSizeError(f"size expression {expr} may divide a negative number or by 0")
+        return a // b if isinstance(expr, FloorToInt) else (a + b - UOp.const(dtypes.index, 1)) // b
     args = [sympy_to_uop(a, shape_env) for a in expr.args] if not isinstance(expr, sympy.Pow) else []
     if isinstance(expr, sympy.Add):
         return _fold(args, lambda a, b: a + b)
