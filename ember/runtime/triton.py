@@ -308,8 +308,11 @@ class TritonLauncher:
         self.constexprs: tuple[int, ...] = ()
         self.pool: CompilePool | None = None
         self.lock = threading.Lock()
-        # every argument a pointer (no seed): the fast path checks alignment with one OR
-        self.only_pointers = self.signature is not None and all(t.startswith("*") for t in self.signature)
+        # the positions of the pointer arguments (None: not declared), and whether every argument is
+        # one: the fast path checks their alignment with one OR (Note: the fast launch)
+        self.pointers = None if self.signature is None else tuple(
+            i for i, kind in enumerate(self.signature) if kind.startswith("*"))  # fmt: skip
+        self.only_pointers = self.signature is not None and len(self.pointers or ()) == len(self.signature)
         self.direct_aligned: tuple | None = None  # the direct launch for 16-byte aligned pointers
         self.current_stream: Callable[[int], int] = raw_stream  # (stream_getter's, from the first launch)
 
@@ -325,13 +328,16 @@ class TritonLauncher:
         # alignment of the pointers, the compiled kernel's C launcher is called directly. A
         # wrapper launches a hundred kernels or more per call, so each microsecond here is
         # about a tenth of a millisecond of a training step's CPU time, which the GPU waits for.
+        # Numbers (a seed, a 0-d CPU input's value, a size under dynamic=True's scalars) are never
+        # specialized, so only the pointers' alignment picks the compiled kernel.
+        combined = 0
         if self.only_pointers:
-            combined = 0
             for a in args:
                 combined |= a.data_ptr()
-            direct = self.direct_aligned if not combined & 15 else None
-        else:
-            direct = None
+        elif self.pointers is not None:
+            for i in self.pointers:
+                combined |= args[i].data_ptr()
+        direct = self.direct_aligned if not combined & 15 else None
         if direct is None:
             direct = self.direct_for(args)
         launch, function, head = direct
@@ -348,7 +354,7 @@ class TritonLauncher:
                 if direct is None:
                     direct = self.compile_direct(self.config, args, aligned, False)
                     self.compiled[aligned] = direct
-                    if all(aligned) and self.only_pointers:
+                    if all(aligned) and self.pointers is not None:
                         self.direct_aligned = direct  # last: the fast path reads it without the lock
         return direct
 

@@ -97,7 +97,6 @@ class SizedTritonLauncher(TritonLauncher):
         self.symbolic_row = bool(rnumel_source)
         row: int | str = rnumel_source or rnumel or 1
         self.classify = size_classifier(variables, grid_numel or str(xnumel), xextent_source, row, size_cap)
-        self.pointers = tuple(i for i, kind in enumerate(self.signature) if kind.startswith("*"))
         # the buffers come first, then the sizes, then the error flags
         self.leading_pointers = all(i in self.pointers for i in range(variables_at))
         self.trailing_pointers = tuple(i for i in self.pointers if i >= self.size_arguments.stop)
