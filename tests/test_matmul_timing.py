@@ -137,6 +137,35 @@ def test_a_symbolic_linear_is_timed_at_its_example_and_sized_at_each_call(monkey
     assert ember.metrics.symbolic_graphs == 1
 
 
+def test_a_symbolic_linear_reads_its_operands_as_a_static_one_does(monkeypatch):
+    """GPT-2's layer norm then Conv1D (an (in, out) weight), oneDNN's: under dynamic=True the
+    linear is `linear_by_size`, an extern kernel like oneDNN's own, so the layer norm's affine
+    stays in the norm's kernel and the weight goes in as a transposed view. Before, ember did not
+    count it as an extern: a second kernel recomputed the affine and copied the weight every call."""
+    timed(monkeypatch, 2.0, 1.0)
+    norm = nn.LayerNorm(256).eval()
+    with torch.no_grad():
+        norm.weight.normal_(), norm.bias.normal_()
+    w, b = data((256, 768), seed=1), data((768,), seed=2)
+
+    def block(x):  # as transformers' Conv1D: rows of every (batch, position)
+        return torch.addmm(b, norm(x).view(-1, 256), w).view(*x.shape[:-1], 768)
+
+    kernels = {}
+    for dynamic, sizes in ((False, ((4, 16),)), (True, ((4, 16), (3, 32), (5, 20)))):
+        torch._dynamo.reset()
+        ember.metrics.reset()
+        compiled = torch.compile(block, backend="ember", dynamic=dynamic)
+        with torch.no_grad():
+            for batch, length in sizes:
+                x = data((batch, length, 256))
+                want = copy.deepcopy(norm).double()(x.double()) @ w.double() + b.double()
+                torch.testing.assert_close(compiled(x).double(), want, rtol=1e-4, atol=5e-4)
+        assert ember.metrics.graphs_compiled == 1
+        kernels[dynamic] = ember.metrics.kernels_generated
+    assert kernels == {False: 1, True: 1}
+
+
 def test_a_verdict_is_recorded_read_back_and_timed_again_when_damaged(monkeypatch, tmp_path):
     asked = timed(monkeypatch, 3.0, 1.0)
     shape = LinearShape(128, 768, 768, True, False)

@@ -346,12 +346,18 @@ def _channels_last_layout(meta: Any, value: TensorValue) -> Layout | None:
     return _eager_output_layout(meta, value.shape)
 
 
+def extern_kernel(target: Any) -> bool:
+    """Whether `target` (an aten overload or packet, or ember's own `linear_by_size`) is one of the
+    EXTERN_KERNELS."""
+    return getattr(target, "overloadpacket", target) in EXTERN_KERNELS
+
+
 def _feeds_extern_kernel(node: torch.fx.Node) -> bool:
     """Whether an extern kernel reads `node` directly or through a chain of views."""
     for user in node.users:
         if user.op != "call_function":
             continue
-        if getattr(user.target, "overloadpacket", None) in EXTERN_KERNELS:
+        if extern_kernel(user.target):
             return True
         if user.target in VIEW_OPS and _feeds_extern_kernel(user):
             return True
@@ -374,8 +380,8 @@ def _layout_for_several_externs(node: torch.fx.Node, value: TensorValue) -> Layo
         return None
     uses = 0
     for user in node.users:
-        packet = getattr(user.target, "overloadpacket", None) if user.op == "call_function" else None
-        if packet in EXTERN_KERNELS and packet not in MATMUL_OPS:
+        packet = getattr(user.target, "overloadpacket", user.target) if user.op == "call_function" else None
+        if extern_kernel(packet) and packet not in MATMUL_OPS:
             uses += sum(1 for a in tree_flatten((user.args, user.kwargs))[0] if a is node)
     return eager_argument_layout(value, node.meta.get("val")) if uses > 1 else None
 
@@ -542,8 +548,10 @@ def _viewed(node: torch.fx.Node) -> torch.fx.Node | None:
 # returns) share that node's buffer, realized as an output is (eager's layout), and each view is
 # that buffer seen through the layout eager's own view ops give when replayed on meta tensors
 # laid out as the buffer (`_replayed_view`); a view whose strides would then differ from eager's
-# is copied instead, as before. Views of graph inputs come back as views of the inputs. Under
-# AOTAutograd's training graphs these aliases are rebuilt by its runtime wrapper anyway.
+# is copied instead, as before. With symbolic sizes (no meta tensor to replay on) a view takes
+# eager's own layout where the buffer is laid out as eager's base. Views of graph inputs come back
+# as views of the inputs. Under AOTAutograd's training graphs these aliases are rebuilt by its
+# runtime wrapper anyway.
 
 
 def _outputs_sharing_a_base(outputs: list[torch.fx.Node]) -> dict[torch.fx.Node, list[torch.fx.Node]]:
@@ -564,8 +572,8 @@ def _output_views(ctx: LoweringContext, base: torch.fx.Node, members: list[torch
     for member in members:
         if member is base:
             continue
-        layout = _replayed_view(_view_chain(member)[1:], base_ref.layout)
         eager = member.meta.get("val")
+        layout = _replayed_view(_view_chain(member)[1:], base_ref.layout, base.meta.get("val"), eager)
         if layout is None or (isinstance(eager, torch.Tensor) and not same_strides(layout, Layout(
                 tuple(eager.shape), tuple(eager.stride())))):  # fmt: skip
             refs[member] = _output_buffer(ctx, member, env[member], taken | {base_ref.name})
@@ -574,12 +582,18 @@ def _output_views(ctx: LoweringContext, base: torch.fx.Node, members: list[torch
     return refs if base in members else {m: ref for m, ref in refs.items() if m is not base}
 
 
-def _replayed_view(views: list[torch.fx.Node], base: Layout) -> Layout | None:
+def _replayed_view(views: list[torch.fx.Node], base: Layout, base_value: Any, value: Any) -> Layout | None:
     """The layout eager's view ops `views` give when applied in turn to a tensor laid out as
-    `base`, computed by running them on a meta tensor; None when an op takes a tensor argument,
-    or when `base` has symbolic sizes (a meta tensor takes numbers: the output is copied instead)."""
+    `base`, computed by running them on a meta tensor; None when an op takes a tensor argument.
+    With symbolic sizes (a meta tensor takes numbers) it is eager's own layout of the view
+    (`value`, the view's fake value) where `base` is eager's layout of the base (`base_value`):
+    the views then do to the buffer what they did to eager's base, so q, k and v split from one
+    projection come back as views of it under dynamic shapes too. Else None: the output is copied."""
     if not all(type(x) is int for x in (*base.size, *base.stride, base.offset)):
-        return None
+        if not (isinstance(base_value, torch.Tensor) and isinstance(value, torch.Tensor)):
+            return None
+        eager_base = Layout(tuple(base_value.shape), tuple(base_value.stride()), base_value.storage_offset())
+        return Layout(tuple(value.shape), tuple(value.stride()), value.storage_offset()) if base == eager_base else None
     t = torch.empty(base.storage_size, device="meta").as_strided(base.size, base.stride, base.offset)
     for view in views:
         op = view.args[0] if view.target is operator.getitem else view  # a split, then its piece
