@@ -680,3 +680,30 @@ def test_sizes_from_python_division_of_sizes():
 
     check_shapes(f, lambda n: [torch.randn(n)], [(40,), (65,), (129,)])
     assert_compiled_once()
+
+
+def test_slice_scatter_with_symbolic_bounds_is_a_kernel():
+    """slice_scatter where the size or a bound is symbolic: the gradient of a language model's
+    shifted logits (`logits[:, :-1]`) scatters into zeros up to `s - 1`, and a KV cache writes
+    new rows at `past:`. Before, aten's slice_scatter ran it (a fallback in every GPT-2 backward)."""
+
+    def f(base, src, new):
+        n = base.shape[1]
+        a = torch.slice_scatter(base, src, 1, 0, n - 1)  # rows 0 .. n-2
+        cache = torch.cat([base, new], 1)
+        b = torch.slice_scatter(cache, new * 2, 1, n)  # a cache's new rows, from a symbolic start
+        c = torch.slice_scatter(base, (base * 3)[:, 1::2], 1, 1, None, 2)  # a step
+        return a, b * 2, c
+
+    def inputs(batch, n):
+        base = torch.randn(batch, n, 3)
+        base[0, 0, 0] = float("nan")
+        return base, torch.randn(batch, n - 1, 3), torch.randn(batch, 5, 3)
+
+    compiled = torch.compile(f, backend="ember", dynamic=True)
+    for shape in [(2, 7), (3, 11), (2, 9)]:  # (odd lengths: the step slice guards on parity)
+        args = inputs(*shape)
+        for g, w in zip(compiled(*args), f(*(x.double() for x in args))):
+            torch.testing.assert_close(g, w.float(), equal_nan=True)  # (NaN where base is kept, none where written)
+    assert_compiled_once()
+    assert dict(ember.metrics.fallback_ops) == {}

@@ -48,9 +48,10 @@ from ember.lower.values import (
     select,
     slice_dim,
 )
+from ember.lower.views import symbolic_slice_start
 from ember.uop.dtypes import DType, dtypes, from_torch
 from ember.uop.ops import CheckArg, Ops, UOp
-from ember.uop.variables import known_zero
+from ember.uop.variables import index_size, known_zero
 
 aten = torch.ops.aten
 
@@ -58,9 +59,9 @@ aten = torch.ops.aten
 # ---- positions -----------------------------------------------------------------------------
 
 
-def clamped(i: UOp, low: int, high: int) -> UOp:
+def clamped(i: UOp, low: int, high: int | UOp) -> UOp:
     """`i` clamped into [low, high]; codegen drops a side that the loop bounds make redundant."""
-    return i.alu(Ops.MAX, const_index(low)).alu(Ops.MIN, const_index(high))
+    return i.alu(Ops.MAX, const_index(low)).alu(Ops.MIN, high if isinstance(high, UOp) else const_index(high))
 
 
 def data_index(value: UOp, size: int, wrap_negative: bool, op: str = "indexing", kind: str = "IndexError") -> UOp:
@@ -287,10 +288,16 @@ def lower_slice_scatter(ctx, node, base: TensorValue, src: TensorValue, dim: int
     shape, dtype = result(node)
     dim = normalized_dim(dim, base.ndim)
     if any(isinstance(v, torch.SymInt) for v in (start, end, base.shape[dim])):  # Note: symbolic sizes
-        raise Unsupported("slice_scatter of symbolic bounds: aten's")
-    begin, stop, step = slice(start, end, step).indices(base.shape[dim])
-    length = len(range(begin, stop, step))
-    if length == 0 or known_zero(math.prod(shape)):
+        # the slice's length is src's (eager's clamping is in the meta); its start as a slice reads it
+        begin, length = symbolic_slice_start(base.shape[dim], start), index_size(src.shape[dim])
+        if (length if isinstance(length, int) else length.vmin) < 1:
+            raise Unsupported("slice_scatter of a symbolic slice that may be empty: aten's")
+    else:
+        begin, stop, step = slice(start, end, step).indices(base.shape[dim])
+        length = len(range(begin, stop, step))
+        if length == 0:
+            return base
+    if known_zero(math.prod(shape)):
         return base
     offset = axis(dim) - begin
     kept = clamped(offset, 0, (length - 1) * step)

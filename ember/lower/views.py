@@ -116,15 +116,23 @@ def symbolic_slice(x: TensorValue, dim: int, start, step: int, length) -> Tensor
     bound is symbolic: a start known non-negative, or a negative constant -k counted from the end
     where the size is known to be at least k (x[:, -1:], the last row: size - k); otherwise Python's
     clamping would need the size's value, and aten's slice runs it."""
+    start = symbolic_slice_start(x.shape[dim], start)
+    old_axes = [axis(i) for i in range(x.ndim)]
+    old_axes[dim] = axis(dim) * step + start
+    return x.reindex(x.shape[:dim] + (length,) + x.shape[dim + 1 :], old_axes)
+
+
+def symbolic_slice_start(size, start) -> int | UOp:
+    """Where x[start:] begins along a dim of `size` when a size or the bound is symbolic (as
+    `symbolic_slice` reads it): a start known non-negative, or -k counted from the end where the
+    size is known to be at least k; else Unsupported."""
     start = index_size(0 if start is None else start)
-    size = index_size(x.shape[dim])
+    size = index_size(size)
     if isinstance(start, int) and start < 0 and (size if isinstance(size, int) else size.vmin) >= -start:
         start = size + start
     if (start if isinstance(start, int) else start.vmin) < 0:
         raise Unsupported("a negative slice start of a symbolic size")
-    old_axes = [axis(i) for i in range(x.ndim)]
-    old_axes[dim] = axis(dim) * step + start
-    return x.reindex(x.shape[:dim] + (length,) + x.shape[dim + 1 :], old_axes)
+    return start
 
 
 @register(aten.select.int)
