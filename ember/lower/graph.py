@@ -381,7 +381,7 @@ def _layout_for_several_externs(node: torch.fx.Node, value: TensorValue) -> Layo
     uses = 0
     for user in node.users:
         packet = getattr(user.target, "overloadpacket", user.target) if user.op == "call_function" else None
-        if extern_kernel(packet) and packet not in MATMUL_OPS:
+        if packet in EXTERN_KERNELS and packet not in MATMUL_OPS:
             uses += sum(1 for a in tree_flatten((user.args, user.kwargs))[0] if a is node)
     return eager_argument_layout(value, node.meta.get("val")) if uses > 1 else None
 

@@ -312,7 +312,7 @@ class TritonLauncher:
         # one: the fast path checks their alignment with one OR (Note: the fast launch)
         self.pointers = None if self.signature is None else tuple(
             i for i, kind in enumerate(self.signature) if kind.startswith("*"))  # fmt: skip
-        self.only_pointers = self.signature is not None and len(self.pointers or ()) == len(self.signature)
+        self.only_pointers = self.pointers is not None and len(self.pointers) == len(arguments or ())
         self.direct_aligned: tuple | None = None  # the direct launch for 16-byte aligned pointers
         self.current_stream: Callable[[int], int] = raw_stream  # (stream_getter's, from the first launch)
 
