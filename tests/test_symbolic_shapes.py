@@ -707,3 +707,22 @@ def test_slice_scatter_with_symbolic_bounds_is_a_kernel():
             torch.testing.assert_close(g, w.float(), equal_nan=True)  # (NaN where base is kept, none where written)
     assert_compiled_once()
     assert dict(ember.metrics.fallback_ops) == {}
+
+
+def test_a_second_half_written_into_the_first_is_a_kernel():
+    """`n - n//2`, the length of `x[:, n//2:]`, is known to be at least 1 for n >= 2 (its bounds:
+    ember/uop/ops.py `_less_own_quotient`), so a slice_scatter of it is a kernel, not aten's,
+    at odd and even n."""
+
+    def f(x):
+        n = x.shape[1]
+        half = n - n // 2
+        return torch.slice_scatter(x, x[:, n // 2 :] * 3, 1, 0, half) + 1
+
+    compiled = torch.compile(f, backend="ember", dynamic=True)
+    for n in (6, 7, 9, 12):
+        x = torch.randn(2, n, 3)
+        x[1, -1, 0] = float("inf")
+        torch.testing.assert_close(compiled(x), f(x.double()).float())
+    assert_compiled_once()
+    assert dict(ember.metrics.fallback_ops) == {}

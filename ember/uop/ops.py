@@ -485,6 +485,8 @@ def bounds(u: UOp) -> tuple[int | float, int | float]:
         return (u.arg.vmin, u.arg.vmax)
     if u.op is Ops.AXIS:
         return (0, dtypes.index.max)
+    if (remainder := _less_own_quotient(u)) is not None:
+        return remainder
     s = [(x.vmin, x.vmax) for x in u.src]
     if u.op is Ops.ADD:
         return (s[0][0] + s[1][0], s[0][1] + s[1][1])
@@ -513,6 +515,29 @@ def bounds(u: UOp) -> tuple[int | float, int | float]:
         if u.dtype.min <= s[0][0] and s[0][1] <= u.dtype.max:  # a cast that changes no value in range
             return s[0]
     return (u.dtype.min, u.dtype.max)
+
+
+def _less_own_quotient(u: UOp) -> tuple[int, int] | None:
+    """Bounds of x - m*(x//c) for x >= 0 and 0 < m <= c (`n - n//2`, the length of `x[n//2:]`).
+    Interval arithmetic takes the two terms as independent and gives a negative minimum; but the
+    value is (x % c) + (c - m)*(x//c): for m = 1 it never decreases as x grows, so its ends are
+    exact; for a larger m, x % c is only known to lie in [0, c)."""
+    if u.op is Ops.SUB:
+        x, quotient, m = u.src[0], u.src[1], 1
+    elif u.op is Ops.ADD and u.src[1].op is Ops.MUL and u.src[1].src[1].op is Ops.CONST:
+        x, quotient, m = u.src[0], u.src[1].src[0], -u.src[1].src[1].arg
+    else:
+        return None
+    if quotient.op is Ops.MUL and quotient.src[1].op is Ops.CONST:
+        quotient, m = quotient.src[0], m * quotient.src[1].arg
+    if quotient.op is not Ops.IDIV or quotient.src[0] is not x or quotient.src[1].op is not Ops.CONST:
+        return None
+    c = quotient.src[1].arg
+    if not (x.dtype.is_int and 0 < m <= c and x.vmin >= 0):
+        return None
+    if m == 1:
+        return (x.vmin - x.vmin // c, x.vmax - x.vmax // c)
+    return ((c - m) * (x.vmin // c), c - 1 + (c - m) * (x.vmax // c))
 
 
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:

@@ -584,3 +584,22 @@ def test_a_checked_index_and_value_keeping_casts_carry_their_bounds():
     wrapping = (r2 * 20).cast(dtypes.int8)
     assert (wrapping.vmin, wrapping.vmax) == (dtypes.int8.min, dtypes.int8.max)
     assert (position.vmin, position.vmax) == (dtypes.index.min, dtypes.index.max)
+
+
+@pytest.mark.parametrize("c", [1, 2, 3, 8])
+@pytest.mark.parametrize("m", [1, 2, 3])
+@pytest.mark.parametrize("lo, hi", [(0, 40), (2, 17), (5, 5), (7, 9)])
+def test_bounds_of_a_value_less_its_own_quotient(c, m, lo, hi):
+    """x - m*(x//c), the length of `x[n//2:]` when n is symbolic: its bounds hold at every x in
+    range, are exact for m = 1, and stay non-negative where m <= c (interval arithmetic on the
+    two terms alone gives a negative minimum, and the slice's loop failed the IR check)."""
+    from ember.uop.variables import variable
+
+    x = variable("n", lo, hi)
+    for expr in (x - x // c * m, x + x // c * -m, simplify(x - x // c * m)):
+        values = [n - m * (n // c) for n in range(lo, hi + 1)]
+        assert expr.vmin <= min(values) and max(values) <= expr.vmax, (expr, values)
+        if m <= c:
+            assert expr.vmin >= 0
+        if m == 1:
+            assert (expr.vmin, expr.vmax) == (min(values), max(values))
