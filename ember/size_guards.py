@@ -12,9 +12,14 @@ Note: guards a compile adds
       compiles admit a guard that narrows a size without fixing it: a size relation (`<`, `<=`,
       `!=` ...) over backed symbols, true for the example. torch's fake convolution asks one
       for a channels-last input, whether the layout is dense: `(s - 1)//2 + 1 != 1`.
-    - Refused everywhere: an equality (`Eq(s0, 3)` or `int(size)`) would specialize the size,
-      turning ember's compile per shape into a dynamo recompile per shape (a new trace each);
-      a guard on an unbacked (data-dependent) symbol, which dynamo cannot check before a call.
+      An equality is admitted where it leaves every size free to change (it holds with any one
+      size moved to a few other values): a divisibility (`Eq(s % 2, 0)`, a reshape's) or a
+      derived size's value over a range of sizes (`Eq(Max(1, s//2), s//2)`). A call that breaks
+      it recompiles the frame, and that compile is symbolic again, under the opposite guard.
+    - Refused everywhere: an equality that pins a size (`Eq(s0, 3)` or `int(size)`) would
+      specialize it, turning ember's compile per shape into a dynamo recompile per shape (a new
+      trace each); a guard on an unbacked (data-dependent) symbol, which dynamo cannot check
+      before a call.
     - A backward compiles lazily at its first call, after dynamo's guards are built and its shape
       environment is frozen: nothing added then is checked, so a backward refuses all guards, as
       does any compile that finds its environment frozen.
@@ -129,7 +134,23 @@ def _as_guard(expr: sympy.Basic, concrete_val: sympy.Basic) -> sympy.Basic:
 def _narrows_without_fixing(guard: sympy.Basic, values: dict) -> bool:
     relations = (sympy.Ne, sympy.StrictLessThan, sympy.LessThan, sympy.StrictGreaterThan, sympy.GreaterThan)
     backed = all(s in values for s in guard.free_symbols)  # an unbacked symbol (u0 ...) has no value
-    return isinstance(guard, relations) and bool(guard.free_symbols) and backed
+    if not (guard.free_symbols and backed):
+        return False
+    return isinstance(guard, relations) or (isinstance(guard, sympy.Eq) and _holds_at_other_sizes(guard, values))
+
+
+def _holds_at_other_sizes(guard: sympy.Basic, values: dict) -> bool:
+    """Whether an equality leaves every size it names free to change: it still holds with any one
+    of them moved to a few other values (the 8 below and above it, and 2 and 4 times it, which keep
+    what the example divides by; none below 2). `Eq(s % 2, 0)` or `Eq(Max(1, s // 2), s // 2)` does; `Eq(s, 7)` pins s,
+    and admitting it would turn one symbolic graph into a dynamo recompile per size."""
+    for symbol in guard.free_symbols:
+        hint = int(values[symbol])
+        others = [*range(max(2, hint - 8), hint), *range(hint + 1, hint + 9), 2 * hint, 4 * hint]
+        holding = sum(bool(guard.xreplace({**values, symbol: sympy.Integer(v)})) for v in others)
+        if holding < 2:
+            return False
+    return True
 
 
 def hints(shape_env: Any) -> dict[sympy.Symbol, sympy.Integer]:

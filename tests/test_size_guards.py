@@ -29,11 +29,16 @@ def test_a_compile_admits_relations_and_refuses_what_fixes_a_size():
     n, m = _size(shape_env, 7, "n"), _size(shape_env, 12, "m")
     with guarding(shape_env, admit=True) as guards:
         assert bool(n > 5) and bool(n * 2 != m)
+        assert bool(m % 4 == 0)  # an equality that leaves m free: any multiple of 4
         with pytest.raises(Exception, match="Guard attempted"):
             int(n)  # Eq(n, 7): a guard that fixes the size
         with pytest.raises(Exception, match="Guard attempted"):
             bool(n == m - 5)  # an equality between sizes ties one to the other
-    assert [str(g) for g in guards.admitted] == [str(n.node.expr > 5), str(sympy.Ne(2 * n.node.expr, m.node.expr))]
+        with pytest.raises(Exception, match="Guard attempted"):
+            bool((n - 6) * m == 12)  # true only at n = 7 (m = 12): it pins both
+    n_, m_ = n.node.expr, m.node.expr
+    assert [str(g) for g in guards.admitted] == [str(n_ > 5), str(sympy.Ne(2 * n_, m_)), str(guards.admitted[2])]
+    assert isinstance(guards.admitted[2], sympy.Eq) and guards.admitted[2].free_symbols == {m_}
     recorded = [str(g.expr) for g in shape_env.guards]
     assert all(str(g) in recorded for g in guards.admitted)  # the environment has them: dynamo checks them
     with guarding(shape_env, admit=False), pytest.raises(Exception, match="Guard attempted"):
@@ -139,6 +144,24 @@ def test_a_cached_graph_is_not_served_where_its_guards_break():
     assert [str(g.expr) for g in shape_env.guards] == [str(n.node.expr > 5)]
 
 
+def test_an_equality_that_leaves_the_size_free_is_a_guard():
+    """`ceil(n / 32) == 1`, which an allocation of that size asks at n = 7, holds for every n up to
+    32: admitted, it serves those sizes from one symbolic graph, and a longer input makes dynamo
+    compile the frame again, symbolic once more (the timm models ghostnetv2 and mobilevit_xxs ask
+    such equalities of their feature maps' sizes; refused, they compiled per shape)."""
+    import math
+
+    def f(x):
+        return x.new_ones(math.ceil(x.shape[0] / 32)) * 2 + x.sum()
+
+    compiled = torch.compile(f, backend="ember", dynamic=True)
+    for n in (7, 9, 30, 40, 50):
+        x = torch.randn(n)
+        torch.testing.assert_close(compiled(x), f(x.double()).float())
+    assert_compiled_once(graphs=2)
+    assert any(guard.startswith("Eq(") for guard in ember.metrics.size_guards)
+
+
 def test_a_frozen_environment_admits_nothing():
     """Once dynamo has built a frame's guards it freezes the shape environment: a guard added then
     would never be checked, so even a forward compile refuses it."""
@@ -160,7 +183,7 @@ def test_a_refused_guard_is_not_a_torch_warning(caplog):
     import math
 
     def f(x):
-        return x.new_ones(math.ceil(x.shape[0] / 32)) * 2  # Eq(ceil(n / 32), 1): a size fixed, refused
+        return x.new_ones(math.ceil((x.shape[0] - 6) / 1)) * 2  # Eq(ceil(n - 6), 1) pins n = 7: refused
 
     compiled = torch.compile(f, backend="ember", dynamic=True)
     with caplog.at_level(logging.WARNING, logger="torch.fx.experimental.symbolic_shapes"):
