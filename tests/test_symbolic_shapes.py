@@ -709,6 +709,25 @@ def test_slice_scatter_with_symbolic_bounds_is_a_kernel():
     assert dict(ember.metrics.fallback_ops) == {}
 
 
+def test_a_float_of_sizes_in_pointwise_math_is_a_kernel():
+    """`x * (m / n)` and interpolate's scale (out / in) are floats of sizes (SymFloats) under
+    dynamic shapes: kernels read them as float64 values of the size variables, as Python computes
+    them. Before, every op taking one ran aten's (21 muls in timm's ghostnetv2)."""
+    import torch.nn.functional as F
+
+    def f(x, y):
+        scaled = x * (y.shape[0] / x.shape[0]) - (x.shape[0] / 3)
+        return scaled + F.interpolate(y[None, None], size=x.shape[-1], mode="linear")[0, 0]
+
+    compiled = torch.compile(f, backend="ember", dynamic=True)
+    for n, m in [(6, 9), (7, 13), (10, 4)]:
+        x, y = torch.randn(n), torch.randn(m)
+        x[0] = float("inf")
+        torch.testing.assert_close(compiled(x, y), f(x.double(), y.double()).float())
+    assert_compiled_once()
+    assert dict(ember.metrics.fallback_ops) == {}
+
+
 def test_a_second_half_written_into_the_first_is_a_kernel():
     """`n - n//2`, the length of `x[:, n//2:]`, is known to be at least 1 for n >= 2 (its bounds:
     ember/uop/ops.py `_less_own_quotient`), so a slice_scatter of it is a kernel, not aten's,

@@ -42,7 +42,7 @@ from ember.passes.mkldnn import linear_by_size
 from ember.uop.dtypes import dtypes, from_torch, is_kernel_dtype
 from ember.uop.ops import Ops, UOp
 from ember.uop.symbolic import simplify
-from ember.uop.variables import known_size_hint, size_hint
+from ember.uop.variables import SymbolicSizeError, known_size_hint, size_hint, symbolic_scalar
 
 # Inductor's `realize_opcount_threshold` plays the same role; above it, reuse beats recompute.
 REUSE_OPCOUNT = 30
@@ -198,9 +198,20 @@ def _kernel_dtypes_only(node: torch.fx.Node, args: tuple, kwargs: dict) -> bool:
     for v, dtype in _dtypes(node, args, kwargs):
         if dtype is not None and not is_kernel_dtype(dtype):
             return False
-        if isinstance(v, (complex, torch.SymFloat, torch.SymBool)):  # (a SymInt is a size: Note: symbolic sizes)
+        if isinstance(v, (complex, torch.SymBool)):  # (a SymInt is a size: Note: symbolic sizes)
+            return False
+        if isinstance(v, torch.SymFloat) and not _float_of_sizes(v):
             return False
     return True
+
+
+def _float_of_sizes(value: torch.SymFloat) -> bool:
+    """Whether a SymFloat is computed from sizes only (interpolate's scale, out / in), which a
+    kernel reads as a float64 UOp of the size variables, as Python computes it (symbolic_scalar)."""
+    try:
+        return symbolic_scalar(value) is not None
+    except SymbolicSizeError:
+        return False
 
 
 def _maybe_realize(ctx: LoweringContext, node: torch.fx.Node, value: TensorValue, result_meta: Any = None
