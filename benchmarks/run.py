@@ -60,14 +60,15 @@ import ember
 from benchmarks import real_models, suite
 from ember.errors import EmberError
 
-COMPILERS = ("eager", "inductor", "ember", "ember_dynamic")
+COMPILERS = ("eager", "inductor", "ember", "ember_dynamic", "inductor_dynamic")
 DEFAULT_COMPILERS = ("eager", "inductor", "ember")
 
 
 def compiled_with(compiler: str, fn: Callable, mode: str | None = None) -> Callable:
     """`fn` under torch.compile with `compiler`'s backend. `ember_dynamic` is ember with
     `dynamic=True`: its graphs are compiled once with symbolic sizes (Note: symbolic sizes), run
-    here at the workload's one shape, so its time against ember's is the cost of symbolic kernels."""
+    here at the workload's one shape, so its time against ember's is the cost of symbolic kernels;
+    `inductor_dynamic` is the same for inductor, the peer's cost of them."""
     dynamic = compiler.endswith("_dynamic")
     return torch.compile(fn, backend=compiler.removesuffix("_dynamic"), dynamic=dynamic, mode=mode)
 
@@ -542,10 +543,11 @@ def table_rows(results: list[ModelResult], compilers: list[str]) -> list[list[st
         return "-" if value is None else f"{value:.1f}"
 
     names = "/".join(c for c in compilers if c != "eager")
-    dynamic = "ember_dynamic" in compilers
+    dynamic = [c for c in compilers if c.endswith("_dynamic")]
     header = ["model", "eager ms", "inductor ms (speedup)", "ember ms (speedup)"]
-    header += ["ember dynamic ms (speedup)"] if dynamic else []
-    header += ["compile s inductor", "compile s ember", "warm s ember", "kernels", "fallbacks", f"correct {names}"]
+    header += [f"{c.replace('_', ' ')} ms (speedup)" for c in dynamic]
+    header += ["compile s inductor", "compile s ember", *(f"compile s {c.replace('_', ' ')}" for c in dynamic)]
+    header += ["warm s ember", "kernels", "fallbacks", f"correct {names}"]
     rows = [header]
     for r in results:
         metrics = r.ember_metrics
@@ -554,9 +556,10 @@ def table_rows(results: list[ModelResult], compilers: list[str]) -> list[list[st
             time_cell(r, "eager"),
             time_cell(r, "inductor"),
             time_cell(r, "ember"),
-            *([time_cell(r, "ember_dynamic")] if dynamic else []),
+            *(time_cell(r, c) for c in dynamic),
             seconds(r.compile_s.get("inductor")),
             seconds(r.compile_s.get("ember")),
+            *(seconds(r.compile_s.get(c)) for c in dynamic),
             seconds(r.warm_compile_s),
             str(metrics.get("kernels_generated", "-")),
             str(metrics.get("fallback_calls", "-")),
@@ -638,14 +641,15 @@ def total_compile_line(results: list[ModelResult], compilers: list[str]) -> str:
     return f"cold compile, total over the {len(both)} workloads every compiler compiled: {text or '-'}{ratio}"
 
 
-def dynamic_ratio_line(results: list[ModelResult]) -> str:
-    """ember with dynamic=True against ember static: the geomean and the worst of the time ratios."""
-    ratios = {r.name: r.ms["ember_dynamic"] / r.ms["ember"] for r in results
-              if "ember" in r.ms and "ember_dynamic" in r.ms and not r.gb_per_s}  # fmt: skip
+def dynamic_ratio_line(results: list[ModelResult], compiler: str = "ember") -> str:
+    """`compiler` with dynamic=True against itself static: the geomean and the worst of the time ratios."""
+    dynamic = f"{compiler}_dynamic"
+    ratios = {r.name: r.ms[dynamic] / r.ms[compiler] for r in results
+              if compiler in r.ms and dynamic in r.ms and not r.gb_per_s}  # fmt: skip
     if not ratios:
-        return "ember dynamic / static: -"
+        return f"{compiler} dynamic / static: -"
     worst = max(ratios, key=ratios.__getitem__)
-    return (f"ember dynamic / static time: geomean {geomean(list(ratios.values())):.3f} over {len(ratios)} "
+    return (f"{compiler} dynamic / static time: geomean {geomean(list(ratios.values())):.3f} over {len(ratios)} "
             f"workloads, worst {ratios[worst]:.3f} ({worst})")  # fmt: skip
 
 
@@ -658,8 +662,9 @@ def report(results: list[ModelResult], compilers: list[str], statistic: str) -> 
             text = "-" if mean is None else f"{mean:.2f}x over {len(values)} workloads"
             out.append(f"geomean speedup over eager, {compiler}: {text}")
     out.append("(* = ember ran some graphs eagerly; the geomean counts only correct, fully compiled workloads)")
-    if "ember_dynamic" in compilers:
-        out.append(dynamic_ratio_line(results))
+    for compiler in ("ember", "inductor"):
+        if f"{compiler}_dynamic" in compilers:
+            out.append(dynamic_ratio_line(results, compiler))
     out.append(total_compile_line(results, [c for c in compilers if c != "eager"]))
     out += ["", f"bandwidth (bytes a fused kernel must move / {statistic} time):", *bandwidth_lines(results)]
     out += ["", "details:", *details(results)]
