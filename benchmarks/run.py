@@ -101,6 +101,7 @@ class ModelResult:
     ember_warnings: list[str] = field(default_factory=list)  # graphs ember ran eagerly, and why
     graph_breaks: int = 0
     dynamic_graphs: dict[str, Any] = field(default_factory=dict)  # ember_dynamic: how its graphs compiled
+    dynamic_compile_seconds: dict[str, float] = field(default_factory=dict)  # ember_dynamic: its stages
     gb_per_s: dict[str, float] = field(default_factory=dict)  # only for memory-bound micro-benchmarks
 
 
@@ -240,6 +241,7 @@ def compile_cold(workload: suite.Workload, compiler: str, result: ModelResult) -
         result.dynamic_graphs = {"symbolic": m.symbolic_graphs, "per shape": m.shape_specializations,
                                  "fallbacks": dict(m.symbolic_fallbacks),
                                  "guards added": len(m.size_guards)}  # fmt: skip
+        result.dynamic_compile_seconds = dict(m.compile_seconds)
     return step, outputs
 
 
@@ -603,6 +605,9 @@ def details(results: list[ModelResult]) -> list[str]:
             )
         if r.dynamic_graphs:
             lines.append(f"    ember dynamic graphs: {r.dynamic_graphs}")
+        if "ember_dynamic" in r.compile_s and r.dynamic_compile_seconds:
+            breakdown = compile_breakdown(r.compile_s["ember_dynamic"], r.dynamic_compile_seconds)
+            lines.append(f"    ember dynamic cold compile {breakdown}")
         lines += [f"    {compiler} error: {error}" for compiler, error in r.errors.items()]
     return lines
 

@@ -242,7 +242,9 @@ def _symbolic_chunks(red: UOp, axes: tuple[int, ...], sizes: tuple[int, ...], po
     static number of chunks (as a static one of unbounded length would) whose length is a
     multiple of `align` computed from the sizes, ceil(extent / (count * align)) * align: the
     chunks past the end read nothing. One-pass splits (var, argmax) need a chunk a program holds,
-    which a symbolic length cannot promise: they stay whole."""
+    which a symbolic length cannot promise: they split in two passes instead, the mean's (the max's)
+    partials first, then the squared deviations' (the first hits') partials, each chunk's program
+    re-reducing the first partials (the data read twice, by many programs, not once by one)."""
     if _reads_own_ranges(red):
         return None
     extent = simplify(math.prod((r.src[0] for r in red.src[1:]), start=UOp.const(dtypes.index, 1)))
