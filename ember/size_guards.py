@@ -140,10 +140,11 @@ def _narrows_without_fixing(guard: sympy.Basic, values: dict) -> bool:
 
 
 def _holds_at_other_sizes(guard: sympy.Basic, values: dict) -> bool:
-    """Whether an equality leaves every size it names free to change: it still holds with any one
-    of them moved to a few other values (the 8 below and above it, and 2 and 4 times it, which keep
-    what the example divides by; none below 2). `Eq(s % 2, 0)` or `Eq(Max(1, s // 2), s // 2)` does; `Eq(s, 7)` pins s,
-    and admitting it would turn one symbolic graph into a dynamo recompile per size."""
+    """Whether an equality leaves every size it names free to change: it still holds at 2 or more
+    of a few other values of each size, moved alone (the 8 below it, none below 2, the 8 above it,
+    and 2 and 4 times it, which keep what the example divides by). `Eq(s % 2, 0)` and
+    `Eq(Max(1, s // 2), s // 2)` do; `Eq(s, 7)` pins s, and admitting it would turn one symbolic
+    graph into a dynamo recompile per size."""
     for symbol in guard.free_symbols:
         hint = int(values[symbol])
         others = [*range(max(2, hint - 8), hint), *range(hint + 1, hint + 9), 2 * hint, 4 * hint]
