@@ -184,7 +184,11 @@ def train(backend: str, args: argparse.Namespace, device: torch.device, mesh, da
     peak = torch.cuda.max_memory_allocated(device) - before if device.type == "cuda" else None
     del model, optimizer, step_fn
     m = ember.metrics
-    counts = {"collectives": m.collective_calls, "overlapped_kernels": m.collective_overlap_kernels}
+    counts = {
+        "collectives": m.collective_calls,
+        "overlapped_kernels": m.collective_overlap_kernels,
+        "most_in_flight": m.collectives_most_in_flight,
+    }
     return {"losses": losses, "seconds": seconds, "peak_bytes": peak, "ember": counts if backend == "ember" else None}
 
 

@@ -11,6 +11,8 @@ wrapper   -> Python `call(args)`, written to the cache and imported
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +31,7 @@ from ember.debug.record import GraphRecord, buffer_bytes, is_recording, new_grap
 from ember.donation import DONATED_INPUTS
 from ember.errors import EmberError, stage
 from ember.lower import lower_graph
+from ember.lower.collectives import groups_run_one_at_a_time
 from ember.lower.graph import SAVED_OUTPUTS
 from ember.metrics import metrics
 from ember.passes import run_passes
@@ -40,6 +43,7 @@ from ember.runtime.cpu import kernel_identity
 from ember.runtime.cuda_graphs import CudaGraphRunner
 from ember.runtime.search import machine_identity
 from ember.schedule import KernelStep, schedule
+from ember.schedule.collectives import most_in_flight
 from ember.schedule.host_scalars import scalar_inputs
 from ember.schedule.nodes import mutated_buffers
 from ember.size_guards import SizeGuards
@@ -62,6 +66,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config, timings: StageTimes,
                    role: str, guards: SizeGuards | None) -> Callable:  # fmt: skip
     cache_dir = open_root(config.cache_dir)  # refuses a folder others could put code in (Note: cache safety)
+    config = _one_collective_at_a_time(gm, config)
     received = gm.print_readable(print_output=False) if config.debug else ""
     versions = graph_identity(kernel_identity(config.cxx))
     versions += f" threads={torch.get_num_threads()}"  # the oneDNN rewrites depend on it (passes/mkldnn.py)
@@ -119,6 +124,32 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: 
             runner.refuse("it holds collectives (Note: collectives in the graph, schedule/collectives.py)")
         call = runner
     return call
+
+
+def _one_collective_at_a_time(gm: torch.fx.GraphModule, config: Config) -> Config:
+    """`config`, with one collective in flight where `gm`'s collectives go to a gloo group with
+    several worker threads (Note: gloo runs collectives one at a time, lower/collectives.py)."""
+    groups = groups_run_one_at_a_time(gm)
+    if not groups:
+        return config
+    for group, threads in groups.items():
+        _announce_once(f"ember: the collectives of process group {group!r} are issued one at a time: its gloo "
+                       f"backend runs them on {threads} worker threads, and torch's gloo worker loop can corrupt "
+                       "the heap when two finish together (Note: gloo runs collectives one at a time)")  # fmt: skip
+    return dataclasses.replace(config, collectives_in_flight=1, collective_overlap=True)
+
+
+_announced: set[str] = set()
+_announced_lock = threading.Lock()
+
+
+def _announce_once(message: str) -> None:
+    """Log `message` (INFO) the first time this process meets it."""
+    with _announced_lock:
+        if message in _announced:
+            return
+        _announced.add(message)
+    logger.info(message)
 
 
 def launches_work(summary: graph_cache.GraphSummary) -> bool:
@@ -235,6 +266,7 @@ def _compile_stages(gm, example_inputs: list[Any], config: Config, debug: DebugD
         donated_inputs_overwritten=sum(v in graph.donated_inputs for b in generated.binaries.values()
                                        for v in b.inplace.values()),
         collectives=len(scheduled.overlaps), overlapped_kernels=sum(o.kernels for o in scheduled.overlaps),
+        collectives_in_flight=most_in_flight(scheduled.overlaps, len(steps)),
         kernel_bytes=sum(kernel_bytes(graph, s) for s in steps if isinstance(s, KernelStep)),
         horizontal_groups=scheduled.horizontal_groups, horizontal_parts=scheduled.horizontal_parts,
         scalar_inputs=len(graph.scalar_inputs),
@@ -325,6 +357,7 @@ def _record(summary, timings: dict[str, float]) -> None:
         horizontal_kernels_saved=summary.horizontal_parts - summary.horizontal_groups,
         scalar_inputs_by_value=summary.scalar_inputs,
     )
+    metrics.raise_to(collectives_most_in_flight=summary.collectives_in_flight)
     metrics.tally("compile_seconds", timings)
     metrics.tally("fallback_ops", Counter(summary.fallback_ops))
     metrics.tally("pass_rewrites", summary.pass_rewrites)

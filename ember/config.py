@@ -65,7 +65,8 @@ class Config:
     collectives_in_flight: int = _flag(9, "EMBER_COLLECTIVES_IN_FLIGHT", True,
                                        "with collective_overlap, the most collectives of a graph issued and not yet "
                                        "waited for: an FSDP all-gather issued early holds a whole parameter until "
-                                       "its use; 0: no bound", minimum=0)  # fmt: skip
+                                       "its use; 0: no bound; 1 on a gloo group, whatever this says (Note: gloo runs "
+                                       "collectives one at a time)", minimum=0)  # fmt: skip
     graph_cache: bool = _flag(True, "EMBER_GRAPH_CACHE", False, "load graphs compiled before from the cache")
     explain_file: str = _flag("", "EMBER_EXPLAIN_FILE", False, "append each graph's explanation to this file")
     partitioner: str = _flag("min_cut", "EMBER_PARTITIONER", False,

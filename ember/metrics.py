@@ -53,6 +53,9 @@ class Metrics:
     # wait, summed (Note: collectives in the graph, schedule/collectives.py)
     collective_calls: int = 0
     collective_overlap_kernels: int = 0
+    # the most collectives of one graph issued and not yet waited for at once, over every graph
+    # (Note: gloo runs collectives one at a time, lower/collectives.py)
+    collectives_most_in_flight: int = 0
     scalar_inputs_by_value: int = 0  # 0-d CPU inputs Triton kernels take as numbers (schedule/host_scalars.py)
     graph_cache_hits: int = 0  # graphs loaded whole from the cache (no lowering, no gcc)
     code_cache_hits: int = 0
@@ -112,6 +115,12 @@ class Metrics:
         with _lock:
             for name, amount in amounts.items():
                 setattr(self, name, getattr(self, name) + amount)
+
+    def raise_to(self, **values: float) -> None:
+        """Raise counters by name to at least these values (the most of something over graphs)."""
+        with _lock:
+            for name, value in values.items():
+                setattr(self, name, max(getattr(self, name), value))
 
     def tally(self, name: str, counts: Mapping[str, float]) -> None:
         """Add `counts` into the Counter field `name` (fallback_ops, compile_seconds, ...)."""

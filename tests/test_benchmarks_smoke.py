@@ -103,7 +103,8 @@ def test_decode_benchmark_tokens_match_eager():
 
 def test_distributed_benchmark_on_two_gloo_ranks(tmp_path):
     """benchmarks/distributed.py end to end on the CPU: SimpleFSDP (collectives in ember's graphs),
-    ember with its default bound on collectives in flight and without one, losses against eager's."""
+    ember with its default bound on collectives in flight and without one, losses against eager's.
+    On gloo both issue the collectives one at a time (Note: gloo runs collectives one at a time)."""
     pytest.importorskip("transformers")
     import torch
 
@@ -121,8 +122,8 @@ def test_distributed_benchmark_on_two_gloo_ranks(tmp_path):
     assert set(rows) == {"eager", "ember", "ember@EMBER_COLLECTIVES_IN_FLIGHT=0"}
     bounded, unbounded = rows["ember"]["ember_graphs"], rows["ember@EMBER_COLLECTIVES_IN_FLIGHT=0"]["ember_graphs"]
     assert bounded["collectives"] == unbounded["collectives"] > 0
-    # the bound keeps fewer kernels beside collectives in flight than no bound does
-    assert 0 < bounded["overlapped_kernels"] < unbounded["overlapped_kernels"]
+    assert bounded["most_in_flight"] == unbounded["most_in_flight"] == 1, (bounded, unbounded)
+    assert bounded["overlapped_kernels"] == unbounded["overlapped_kernels"] > 0, (bounded, unbounded)
     for row in rows.values():
         assert row["max_loss_diff_vs_eager"] < 1e-4, row
 

@@ -212,6 +212,37 @@ def functional_collectives_scenario(rank: int, world_size: int, device: torch.de
     return {"eager": [t.cpu() for t in step(x, w)], "ember": [t.cpu() for t in got], "metrics": metrics}
 
 
+def gathers_in_flight_scenario(rank: int, world_size: int, device: torch.device) -> dict:
+    """Four all-gathers of weights, each gathered weight used by the next layer: with no bound on
+    collectives in flight ember issues all four at the start (their inputs are the graph's)."""
+    import logging
+
+    import ember
+
+    c10d, group = torch.ops._c10d_functional, torch.distributed.group.WORLD.group_name
+
+    def layers(x, *shards):
+        for shard in shards:
+            x = torch.tanh(x @ c10d.wait_tensor(c10d.all_gather_into_tensor(shard, world_size, group)))
+        return x
+
+    torch.manual_seed(rank)
+    x = torch.randn(4, 8, device=device)
+    shards = [torch.randn(8 // world_size, 8, device=device) for _ in range(4)]
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("ember")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    ember.metrics.reset()
+    got = torch.compile(layers, backend="ember")(x, *shards)
+    m = ember.metrics
+    return {"eager": layers(x, *shards).cpu(), "ember": got.cpu(), "collectives": m.collective_calls,
+            "most_in_flight": m.collectives_most_in_flight, "overlapped": m.collective_overlap_kernels,
+            "messages": [t for t in messages if "one at a time" in t]}  # fmt: skip
+
+
 def simple_fsdp_scenario(rank: int, world_size: int, device: torch.device) -> dict:
     """FSDP with its collectives in the graph: parameters sharded as DTensors along dim 0 and
     gathered inside the module's forward (as torchtitan's SimpleFSDP does), so the forward graph
@@ -321,5 +352,23 @@ def test_functional_collectives(tmp_path):
         m = result["metrics"]
         assert m["kernels"] > 0 and m["fallbacks"] == 0 and m["collectives"] == 3, f"rank {rank}: {m}"
         assert m["overlapped"] > 0, f"rank {rank}: no kernel ran while a collective was in flight: {m}"
+        torch.testing.assert_close(result["ember"], result["eager"], rtol=RTOL, atol=ATOL, msg=f"rank {rank}")
+    assert_cache_intact(cache)
+
+
+def test_gloo_runs_collectives_one_at_a_time(tmp_path):
+    """Note: gloo runs collectives one at a time (ember/lower/collectives.py): with no bound set
+    (EMBER_COLLECTIVES_IN_FLIGHT=0), the four all-gathers would all be in flight at once; to a gloo
+    group (two worker threads) ember issues them one at a time, and says so once; to NCCL all four."""
+    cache = tmp_path / "cache"
+    results = run_ranks(gathers_in_flight_scenario, tmp_path, cache, env={"EMBER_COLLECTIVES_IN_FLIGHT": "0"})
+    on_gloo = distributed_device() == "cpu"
+    for rank, result in enumerate(results):
+        assert result["collectives"] == 4, f"rank {rank}: {result}"
+        assert result["most_in_flight"] == (1 if on_gloo else 4), f"rank {rank}: {result}"
+        assert result["overlapped"] > 0, f"rank {rank}: no kernel ran beside a collective: {result}"
+        assert len(result["messages"]) == (1 if on_gloo else 0), f"rank {rank}: {result['messages']}"
+        if on_gloo:
+            assert "process group '0'" in result["messages"][0] and "gloo" in result["messages"][0]
         torch.testing.assert_close(result["ember"], result["eager"], rtol=RTOL, atol=ATOL, msg=f"rank {rank}")
     assert_cache_intact(cache)

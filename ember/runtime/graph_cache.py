@@ -42,6 +42,7 @@ class GraphSummary:
     horizontal_parts: int = 0  # the kernels they launch together
     inplace_writes: int = 0  # kernel outputs over dying buffers (Note: in-place kernels, codegen/kernel.py)
     donated_inputs_overwritten: int = 0  # of those, over donated inputs (Note: donated inputs, donation.py)
+    collectives_in_flight: int = 0  # the most collectives issued and not waited for at once
     scalar_inputs: int = 0  # 0-d CPU inputs Triton kernels take by value (Note: host scalars by value)
     # guards on sizes the compile added, as JSON trees (Note: guards a compile adds, size_guards.py)
     size_guards: list | None = field(default_factory=list)

@@ -34,7 +34,8 @@ Note: collectives in the graph
     `config.collectives_in_flight` collectives are issued and not waited for; the next is held
     back until a wait is taken (`_overlapping_order` says which). 9 measured best of 2, 4, 9, 18,
     24 and none on both models (LLaMA 97.7-98.2 ms, GPT-2 116.2; inductor 100.4-107.4 and 140.2):
-    about a layer of a transformer's parameters, as FSDP2 prefetches one layer.
+    about a layer of a transformer's parameters, as FSDP2 prefetches one layer. To a gloo group
+    the bound is 1 (Note: gloo runs collectives one at a time, lower/collectives.py).
 """
 
 from __future__ import annotations
@@ -180,6 +181,20 @@ def _overlapping_order(steps: list, preds: list[set[int]], start_of: dict[int, i
                 make_ready(user)
     assert len(order) == len(steps), "the steps' dependencies have a cycle"
     return order
+
+
+def most_in_flight(overlaps: list[Overlap], steps: int) -> int:
+    """The most collectives issued and not yet waited for at once, over `steps` ordered steps
+    (one not waited for in its graph counts to the end)."""
+    in_flight = [0] * (steps + 1)
+    for o in overlaps:
+        in_flight[o.start] += 1
+        in_flight[o.wait if o.wait is not None else steps] -= 1
+    most = running = 0
+    for change in in_flight:
+        running += change
+        most = max(most, running)
+    return most
 
 
 def collective_overlaps(steps: list) -> list[Overlap]:
