@@ -92,6 +92,9 @@ def test_a_specialization_that_cannot_be_traced_falls_back(monkeypatch, strict):
         return
     with pytest.warns(UserWarning, match=r"stage 'specialize'"):
         got = compiled(x)
-    torch.testing.assert_close(got.double(), (x.double().sin() * 2).sum(0))
-    torch.testing.assert_close(compiled(x).double(), (x.double().sin() * 2).sum(0))  # no second warning needed
+    # float32 results against float64 eager, to float32's tolerance: on an AVX-512 machine eager's
+    # float32 sum was 1.8e-7 off the float64 one, past float64's tolerance
+    expected = (x.double().sin() * 2).sum(0).float()
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(compiled(x), expected)  # no second warning needed
     assert ember.metrics.graphs_failed == 1
