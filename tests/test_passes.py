@@ -482,6 +482,38 @@ def test_spatial_convolution_weights_are_channels_last(kernel, groups, stride, d
     assert len(copied) == len(plain) == (0 if kernel == 1 else 1 if groups == 4 else 2)
 
 
+def convolution_inputs(graph: torch.fx.Graph) -> list:
+    """Per convolution of `graph`, in order: (its input is NHWC, its weight is OHWI-only, it is oneDNN's)."""
+    found = []
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target in (aten.convolution.default,
+                                                    torch.ops.mkldnn._convolution_pointwise.default):  # fmt: skip
+            x, w = n.args[0].meta["val"], n.args[1].meta["val"]
+            nhwc = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+            found.append((nhwc, not w.is_contiguous(), n.target is not aten.convolution.default))
+    return found
+
+
+@pytest.mark.parametrize("size", [16, 144])
+def test_the_weight_bound_last_convolutions_stay_nchw(size):
+    """Note: convolutions that stay NCHW (layout.py). On 16 x 16 images the last two convolutions
+    (weights of 147K elements each, 18 and 288 times their outputs) read NCHW activations and
+    their OIHW weights through aten. The second is weight-bound too (9 times its output), but a
+    convolution after it is not, so it stays NHWC: one change of layout. On 144 x 144 no weight
+    is 4 times its output: all NHWC."""
+    model = eval_model(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 1024, 3, stride=4, padding=1),
+                       nn.ReLU(), nn.Conv2d(1024, 32, 1), nn.Tanh(), nn.Conv2d(32, 512, 3, padding=1), nn.ReLU(),
+                       nn.Conv2d(512, 32, 3, padding=1), nn.AdaptiveAvgPool2d(1))  # fmt: skip
+    x = data((1, 3, size, size))
+    check_inference(model, x, atol=3e-5)
+    with torch.no_grad():
+        (graph,) = graphs_after_passes(model, x)
+    found = convolution_inputs(graph)
+    assert [nhwc for nhwc, _, _ in found] == ([True, True, True, False, False] if size == 16 else [True] * 5), found
+    if size == 16:  # the NCHW ones keep their OIHW weights and aten's convolution
+        assert [(ohwi, onednn) for _, ohwi, onednn in found[3:]] == [(False, False)] * 2, found
+
+
 @needs_mkldnn
 @pytest.mark.parametrize("size, folded", [(2, 0), (16, 1)])
 def test_batchnorm_is_folded_into_a_weight_no_larger_than_the_output(size, folded):
