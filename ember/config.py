@@ -105,7 +105,8 @@ class Config:
     # FX graph passes (ember/passes); with user hooks the graph cache is keyed by the graph after them
     passes: bool = _flag(True, "EMBER_PASSES", True, "run ember's FX graph passes (DCE, no-ops, conv rewrites)")
     conv_channels_last: bool = _flag(True, "EMBER_CONV_CHANNELS_LAST", True,
-                                     "2-d convolutions read channels-last activations (oneDNN's layout)")  # fmt: skip
+                                     "2-d convolutions read channels-last activations (oneDNN's layout), but for a "
+                                     "graph's last weight-bound ones (Note: convolutions that stay NCHW)")  # fmt: skip
     vector_matmul: bool = _flag(True, "EMBER_VECTOR_MATMUL", True,
                                 "CPU: a float32 linear of one static row (a decode step's) as an ember reduction "
                                 "over the (out, in) weight (Note: a vector times a matrix)")  # fmt: skip

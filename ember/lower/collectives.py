@@ -59,7 +59,7 @@ def communication_of(op: Any) -> Communication | None:
 #     all-gather on gloo (`_allgather_base`) runs as ALLGATHER_COALESCED, a 19-character name, so
 #     two FSDP all-gathers in flight can corrupt the heap: "malloc(): unaligned tcache chunk
 #     detected", or under AddressSanitizer "attempting double-free" of a 20-byte string allocated
-#     and freed on one gloo worker thread and freed again on the other, about 1 run in 15 of
+#     and freed on one gloo worker thread and freed again on the other, in 4 of 52 runs of
 #     `benchmarks.distributed --device cpu --tiny --fsdp simple` with up to 9 collectives in flight.
 #     So a graph whose collectives go to a gloo group with more than one worker thread issues them
 #     one at a time: `config.collectives_in_flight` is 1 for it, whatever it was set to, and the
